@@ -1,0 +1,382 @@
+"""A local judge server with an oracle, speaking both judge wire protocols.
+
+Tests, the demo and the benchmarks need a judge that is real on the wire (the official anthropic and
+openai SDKs talk to it unchanged) but whose answers are known in advance. This server reads our judge
+prompt back (`parse_judge_prompt_details`), asks an ORACLE which sentences are unfaithful, and replies
+in the judge format of `detectors/judge_prompt.py`, like an obedient judge: sentences marked as checked
+before are never reported.
+
+    POST /v1/messages           Anthropic Messages API (non-streaming)
+    POST /v1/chat/completions   OpenAI chat completions (non-streaming)
+    GET  /_stats                {"requests", "sentences_judged", "by_protocol", "last_request"}
+    POST /_control              {"latency_s"?, "mode"?, "obey_checked"?, "reset_stats"?} -> state
+
+`sentences_judged` counts the sentences each request asked about (context sentences excluded), so a
+test or a benchmark sees batching as requests < sentences_judged.
+
+Oracle file (JSON):
+
+    {"unfaithful": ["The man wears a red scarf.", ...],   # unfaithful iff the normalised text is listed
+     "reasoning": ["So the answer is B.", ...],            # optional: typed REASONING
+     "perception": ["..."],                                # optional: typed PERCEPTION
+     "description": "A man in a red hat."}                 # optional: the image description to reply
+
+Typing of sentences in neither list: a small keyword heuristic (conclusions, plans and arithmetic are
+REASONING, everything else PERCEPTION); listed unfaithful sentences are always PERCEPTION. Texts are
+compared normalised: lower case, single spaces, without surrounding quotes and final punctuation.
+
+Fault modes (`--mode` or `/_control`): ok | 500 | 429 | garbage (a 200 reply with no judge fields) |
+badjson (a 200 reply that is not JSON) | hang (no reply until the client gives up or the server stops).
+
+    python -m benchmarks.judge_server --port 8090 --oracle oracle.json --latency-s 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import socket
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from detectors.judge_prompt import parse_judge_prompt_details
+from faithcore.types import StepKind
+
+FailMode = Literal["ok", "500", "429", "garbage", "badjson", "hang"]
+GARBAGE_REPLY = "I am not sure what you would like me to do with this picture. Could you clarify?"
+_REASONING_START = re.compile(
+    r"^(so|thus|therefore|hence|because|since|if|let me|let's|i need|i should|i will|we need|wait|hmm|"
+    r"the answer|answer|this means|that means|in conclusion)\b",
+    re.IGNORECASE,
+)
+_ARITHMETIC = re.compile(r"\d\s*[-+*/×=]\s*\d")
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.split()).strip(" \"'“”‘’.!?").lower()
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The ground truth the server judges by."""
+
+    unfaithful: frozenset[str] = frozenset()
+    reasoning: frozenset[str] = frozenset()
+    perception: frozenset[str] = frozenset()
+    description: str = "An image used for local testing."
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Oracle:
+        def texts(key: str) -> frozenset[str]:
+            return frozenset(normalise(t) for t in data.get(key, ()) if isinstance(t, str))
+
+        return cls(
+            texts("unfaithful"),
+            texts("reasoning"),
+            texts("perception"),
+            str(data.get("description") or cls.description),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Oracle:
+        return cls.from_mapping(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    @classmethod
+    def of(cls, unfaithful: Iterable[str] = (), **lists: Any) -> Oracle:
+        return cls.from_mapping({"unfaithful": list(unfaithful), **lists})
+
+    def is_unfaithful(self, sentence: str) -> bool:
+        return normalise(sentence) in self.unfaithful
+
+    def kind(self, sentence: str) -> StepKind:
+        text = normalise(sentence)
+        if text in self.unfaithful or text in self.perception:
+            return StepKind.PERCEPTION
+        if text in self.reasoning or _REASONING_START.match(text) or _ARITHMETIC.search(text):
+            return StepKind.REASONING
+        return StepKind.PERCEPTION
+
+    def reply(self, sentences: list[str], already_checked: int = 0) -> str:
+        """The judge-format reply an obedient, perfect judge would give."""
+        kinds = [self.kind(s) for s in sentences]
+        first = next(
+            (
+                i
+                for i in range(already_checked, len(sentences))
+                if kinds[i] is StepKind.PERCEPTION and self.is_unfaithful(sentences[i])
+            ),
+            None,
+        )
+        lines = [f"[Image description]: {self.description}"]
+        lines += [f"Sentence {i}: {kind.name}" for i, kind in enumerate(kinds, start=1)]
+        if first is None:
+            prefix = f"1-{len(sentences)}" if sentences else "none"
+            lines += ["[Faithfulness]: FAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
+            lines.append("[First unfaithful sentence]:")
+        else:
+            prefix = f"1-{first}" if first else "none"
+            lines += ["[Faithfulness]: UNFAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
+            lines.append(f"[First unfaithful sentence]: Sentence {first + 1}: {sentences[first]}")
+        return "\n".join(lines)
+
+
+class Control(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    latency_s: float | None = Field(default=None, ge=0)
+    mode: FailMode | None = None
+    obey_checked: bool | None = None  # False: a disobedient judge that also reports checked sentences
+    reset_stats: bool = False
+
+
+@dataclass
+class JudgeServerState:
+    oracle: Oracle
+    latency_s: float = 0.0
+    mode: FailMode = "ok"
+    obey_checked: bool = True
+    hang_s: float = 300.0
+    requests: int = 0
+    sentences_judged: int = 0
+    by_protocol: dict[str, int] = field(default_factory=lambda: {"anthropic": 0, "openai": 0})
+    last_request: dict[str, Any] | None = None
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # ends every "hang" at shutdown
+    ids: itertools.count = field(default_factory=itertools.count)
+
+    def public(self) -> dict[str, Any]:
+        return {"latency_s": self.latency_s, "mode": self.mode, "obey_checked": self.obey_checked}
+
+
+def _anthropic_parts(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    texts, images = [], []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+            continue
+        for block in content or []:
+            if block.get("type") == "text":
+                texts.append(block.get("text", ""))
+            elif block.get("type") == "image":
+                source = block.get("source") or {}
+                images.append({"source": source.get("type"), "media_type": source.get("media_type")})
+    return "\n".join(texts), images
+
+
+def _openai_parts(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    texts, images = [], []
+    for message in body.get("messages") or []:
+        if message.get("role") == "system":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+            continue
+        for part in content or []:
+            if part.get("type") == "text":
+                texts.append(part.get("text", ""))
+            elif part.get("type") == "image_url":
+                url = (part.get("image_url") or {}).get("url", "")
+                images.append({"source": "data" if url.startswith("data:") else "url"})
+    return "\n".join(texts), images
+
+
+def _error(protocol: str, status: int, kind: str, message: str) -> JSONResponse:
+    if protocol == "anthropic":
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": None, "param": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def _tokens(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+def create_app(oracle: Oracle | Mapping[str, Any] | str | Path, latency_s: float = 0.0) -> FastAPI:
+    """The judge server app; `oracle` may be an `Oracle`, its JSON mapping, or a path to the file."""
+    if isinstance(oracle, str | Path):
+        oracle = Oracle.load(oracle)
+    elif not isinstance(oracle, Oracle):
+        oracle = Oracle.from_mapping(oracle)
+    state = JudgeServerState(oracle=oracle, latency_s=latency_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.release = asyncio.Event()  # bound to the server's own loop
+        yield
+        state.release.set()
+
+    app = FastAPI(title="faithproxy local judge", lifespan=lifespan)
+    app.state.judge = state
+
+    async def judge(protocol: str, request: Request) -> tuple[str, dict[str, Any]] | Response:
+        """The reply text and request summary, or the response of a fault mode."""
+        state.requests += 1
+        state.by_protocol[protocol] += 1
+        try:
+            body = await request.json()
+            text, images = (_anthropic_parts if protocol == "anthropic" else _openai_parts)(body)
+        except (ValueError, AttributeError, TypeError):
+            return _error(protocol, 400, "invalid_request_error", "body is not a chat request")
+        if state.latency_s:
+            await asyncio.sleep(state.latency_s)
+        if state.mode == "hang":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.release.wait(), state.hang_s)
+            return _error(protocol, 503, "overloaded_error", "hung")
+        if state.mode == "500":
+            return _error(protocol, 500, "api_error", "injected failure")
+        if state.mode == "429":
+            return _error(protocol, 429, "rate_limit_error", "injected rate limit")
+        if state.mode == "badjson":
+            return PlainTextResponse("{not json", media_type="application/json")
+        info = {"model": body.get("model") or "local-judge", "input": _tokens(text)}
+        if state.mode == "garbage":
+            return GARBAGE_REPLY, info
+        try:
+            prompt = parse_judge_prompt_details(text)
+        except ValueError as exc:
+            return _error(protocol, 400, "invalid_request_error", str(exc))
+        checked = prompt.already_checked if state.obey_checked else 0
+        state.sentences_judged += len(prompt.sentences) - prompt.already_checked
+        state.last_request = {
+            "protocol": protocol,
+            "model": body.get("model"),
+            "images": images,
+            "has_system": bool(body.get("system"))
+            or any(m.get("role") == "system" for m in body.get("messages") or []),
+            "sentences": len(prompt.sentences),
+            "already_checked": prompt.already_checked,
+            "image_hint": prompt.image_hint,
+        }
+        return state.oracle.reply(prompt.sentences, checked), info
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        outcome = await judge("anthropic", request)
+        if isinstance(outcome, Response):
+            return outcome
+        reply, info = outcome
+        return {
+            "id": f"msg_local_{next(state.ids)}",
+            "type": "message",
+            "role": "assistant",
+            "model": info["model"],
+            "content": [{"type": "text", "text": reply}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": info["input"], "output_tokens": _tokens(reply)},
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        outcome = await judge("openai", request)
+        if isinstance(outcome, Response):
+            return outcome
+        reply, info = outcome
+        output = _tokens(reply)
+        return {
+            "id": f"chatcmpl-local-{next(state.ids)}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": info["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": info["input"],
+                "completion_tokens": output,
+                "total_tokens": info["input"] + output,
+            },
+        }
+
+    @app.get("/_stats")
+    async def stats() -> dict[str, Any]:
+        return {
+            "requests": state.requests,
+            "sentences_judged": state.sentences_judged,
+            "by_protocol": dict(state.by_protocol),
+            "last_request": state.last_request,
+        }
+
+    @app.post("/_control")
+    async def control(change: Control) -> dict[str, Any]:
+        if change.latency_s is not None:
+            state.latency_s = change.latency_s
+        if change.mode is not None:
+            state.mode = change.mode
+        if change.obey_checked is not None:
+            state.obey_checked = change.obey_checked
+        if change.reset_stats:
+            state.requests = state.sentences_judged = 0
+            state.by_protocol = {"anthropic": 0, "openai": 0}
+            state.last_request = None
+        return state.public()
+
+    return app
+
+
+@contextlib.asynccontextmanager
+async def running_judge_server(app: FastAPI, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on a free port of `host` inside the current event loop; yields its URL.
+
+    The socket is bound before uvicorn starts (port 0), so there is no race for the port. On exit every
+    hanging request is released and the server is stopped.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, ws="none", lifespan="on", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # raises the startup error
+                raise RuntimeError("judge server stopped during startup")
+            await asyncio.sleep(0.01)
+        yield f"http://{host}:{port}"
+    finally:
+        state = getattr(app.state, "judge", None)
+        if state is not None:
+            state.release.set()
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--oracle", required=True, help="JSON file: {'unfaithful': [...], ...}")
+    parser.add_argument("--latency-s", type=float, default=0.0)
+    parser.add_argument("--mode", choices=["ok", "500", "429", "garbage", "badjson", "hang"], default="ok")
+    args = parser.parse_args(argv)
+    app = create_app(args.oracle, latency_s=args.latency_s)
+    app.state.judge.mode = args.mode
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="none", timeout_graceful_shutdown=2)
+
+
+if __name__ == "__main__":
+    main()

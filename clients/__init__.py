@@ -1,0 +1,1 @@
+"""Outbound clients: the vLLM generator, judge backends. Never import server/."""

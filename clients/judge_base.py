@@ -1,0 +1,138 @@
+"""What every judge backend shares: its configuration, its result record, and the interface.
+
+A judge is an auxiliary VLM reached through a vendor SDK. Backends only move text and images: they know
+nothing about the judge prompt or its reply format (that is `detectors/judge_prompt.py`). Every SDK
+failure leaves a backend as a `DetectorError` whose `.code` is a short reason from a small fixed set
+(`timeout`, `connection`, `status_429`, `status_5xx`, `status_<4xx>`, `bad_response`, `empty_reply`,
+`sdk_error`), so metrics can label by it and the session can apply the request's on-error policy.
+
+Keys are `SecretStr` (or the name of an environment variable holding them) and never reach a repr, a
+log record or an error message.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from faithcore.errors import DetectorError
+from faithcore.images import ImageRef
+
+
+class JudgeConfig(BaseModel):
+    """One judge configured on the server; requests select it by `name` (never by URL or key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    backend: Literal["anthropic", "openai"]
+    model: str = Field(min_length=1)
+    base_url: str | None = None  # None: the SDK's default endpoint
+    api_key: SecretStr | None = None
+    api_key_env: str | None = None  # name of an environment variable holding the key
+    timeout_s: float = Field(default=60.0, gt=0)  # per attempt: connect, read, write and pool each
+    max_tokens: int = Field(default=1024, ge=16)
+    max_retries: int = Field(default=1, ge=0, le=10)  # the SDK's own retries (429, 5xx, timeouts)
+    # None: not sent, the model's default (some recent models accept nothing else); 0.0 for vLLM judges
+    temperature: float | None = None
+
+    def resolved_api_key(self) -> str:
+        """The key: `api_key`, else the variable named by `api_key_env`, else the SDK's usual variable.
+
+        A judge without a key fails here, at startup, not on the first request. Keyless local servers
+        (vLLM without --api-key) take any placeholder, e.g. "EMPTY".
+        """
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        env = self.api_key_env or _SDK_KEY_ENV[self.backend]
+        value = os.environ.get(env)
+        if not value:
+            raise ValueError(f"judge {self.name}: no api key (set api_key, or the environment variable {env})")
+        return value
+
+
+_SDK_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+@dataclass(frozen=True)
+class JudgeResult:
+    """A judge's reply: its text, the tokens it cost, and how long the call took (retries included)."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    latency_s: float
+
+
+class JudgeBackend(abc.ABC):
+    """Sends one (system, user text, images) turn to a judge model and returns the reply text.
+
+    One SDK client (one connection pool) per backend, created in the constructor and reused for every
+    call; `aclose()` releases it.
+    """
+
+    def __init__(self, config: JudgeConfig) -> None:
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @abc.abstractmethod
+    async def complete(self, system: str, user: str, images: Sequence[ImageRef] = ()) -> JudgeResult:
+        """The judge's reply to one turn; failures raise `DetectorError` with a reason `.code`."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close the pooled client."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.config.name!r}, model={self.config.model!r}, "
+            f"base_url={self.config.base_url!r})"
+        )
+
+
+def judge_error(name: str, code: str, detail: str) -> DetectorError:
+    """A `DetectorError` naming the judge and a reason; `detail` must never contain request data."""
+    return DetectorError(f"judge {name} failed ({code}): {detail}", code=code)
+
+
+def status_code_reason(status: int) -> str:
+    """Reason code of an HTTP error status: 5xx are one class, 4xx keep their number."""
+    return "status_5xx" if status >= 500 else f"status_{status}"
+
+
+@dataclass(frozen=True)
+class SdkErrorClasses:
+    """The exception classes of one vendor SDK; the anthropic and openai SDKs share this shape."""
+
+    base: type[Exception]
+    timeout: type[Exception]
+    connection: type[Exception]
+    status: type[Exception]
+    validation: type[Exception]
+
+
+def map_sdk_error(name: str, exc: Exception, classes: SdkErrorClasses) -> DetectorError:
+    """The `DetectorError` for an SDK failure; the message names the class and status, never a key."""
+    kind = type(exc).__name__
+    if isinstance(exc, classes.timeout):
+        return judge_error(name, "timeout", kind)
+    if isinstance(exc, classes.connection):
+        return judge_error(name, "connection", kind)
+    if isinstance(exc, classes.status):
+        status = int(getattr(exc, "status_code", 0) or 0)
+        return judge_error(name, status_code_reason(status), f"{kind}, HTTP {status}")
+    if isinstance(exc, classes.validation | ValueError | KeyError | TypeError | AttributeError | IndexError):
+        return judge_error(name, "bad_response", kind)
+    return judge_error(name, "sdk_error", kind)

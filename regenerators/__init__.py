@@ -1,0 +1,1 @@
+"""Regenerators: rewrite one unfaithful step so that it matches the image."""

@@ -1,0 +1,16 @@
+"""Regenerators by name."""
+
+from __future__ import annotations
+
+from clients.vllm import VLLMClient
+from regenerators.base import Regenerator
+
+REGENERATORS = {"reflect": "rewrite the flagged step with the generator and the image (paper, Table 16)"}
+
+
+def build_regenerator(name: str, generator: VLLMClient, *, temperature: float, max_tokens: int) -> Regenerator:
+    if name == "reflect":
+        from regenerators.reflect import ReflectRegenerator
+
+        return ReflectRegenerator(generator, temperature=temperature, max_tokens=max_tokens)
+    raise ValueError(f"unknown regenerator {name!r}; known: {', '.join(REGENERATORS)}")

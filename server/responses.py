@@ -1,0 +1,298 @@
+"""ChatServing: turns a ChainSession into an OpenAI response — SSE stream, JSON body, or pass-through.
+
+Errors before the first byte are HTTP errors; after it, a final error frame and `data: [DONE]`.
+Whatever happens (error, client gone), the trace record is written and the request is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from detectors.base import ChainContext
+from faithcore.errors import FaithproxyError, PolicyError, UpstreamError
+from faithcore.images import images_in_messages, last_user_text
+from server.errors import error_body, error_frame, error_response
+from server.metrics import UPSTREAM_ERRORS
+from server.policy import RequestPolicy
+from server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
+from server.sse import DONE, ChunkFactory, frame
+from server.state import AppState
+from server.summary import step_annotation, summarize, trace_steps
+
+log = logging.getLogger("faithproxy")
+
+_PASSTHROUGH_HEADERS = ("content-type",)
+
+
+class ChatServing:
+    def __init__(self, state: AppState, policy: RequestPolicy, body: dict[str, Any], raw: bytes) -> None:
+        self.state = state
+        self.policy = policy
+        self.body = body
+        self.raw = raw
+        self.stream = bool(body.get("stream"))
+        self.request_id = uuid.uuid4().hex[:24]
+        self.started = time.perf_counter()
+        self.started_wall = time.time()
+        self.ttft: float | None = None
+        self.error: FaithproxyError | None = None
+        self.disconnected = False
+        self.session: ChainSession | None = None
+        self.answer: dict[str, str] = {}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-faithproxy-request-id": self.request_id, "x-faithproxy-mode": self.policy.mode}
+
+    async def respond(self) -> Response:
+        if self.policy.mode == "off":
+            return await self._passthrough()
+        if (self.body.get("n") or 1) != 1:
+            raise PolicyError("n > 1 is only supported with X-Faithproxy-Mode: off", param="n")
+        messages = self.body["messages"]
+        ctx = ChainContext(
+            request_id=self.request_id,
+            model=self.body["model"],
+            messages=messages,
+            question=last_user_text(messages),
+            images=images_in_messages(messages),  # PolicyError on a malformed image: nothing sent yet
+            generator=self.state.generator,
+            judge=self.policy.judge,
+        )
+        self.session = ChainSession(
+            settings=self.state.settings,
+            policy=self.policy,
+            ctx=ctx,
+            generator=self.state.generator,
+            detector=self.state.detectors[self.policy.detector],
+            regenerator=self.state.regenerator,
+            metrics=self.state.metrics,
+            body=self.body,
+            model_label=self.state.model_label(self.body["model"]),
+        )
+        self.state.metrics.in_flight.inc()
+        events = self.session.run().__aiter__()
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            first = EmitEnd(None)
+        except FaithproxyError as exc:
+            self.error = exc
+            self._finish()
+            return error_response(exc, headers=self.headers)
+        except BaseException:
+            self.error = FaithproxyError("request cancelled")
+            self._finish()
+            raise
+        if self.stream:
+            return StreamingResponse(
+                self._sse(first, events), media_type="text/event-stream", headers=self.headers
+            )
+        return await self._collect(first, events)
+
+    # ---- streams ------------------------------------------------------------------------------
+
+    async def _sse(self, first: Emit, events: AsyncIterator[Emit]) -> AsyncIterator[bytes]:
+        assert self.session is not None
+        chunks = ChunkFactory(f"chatcmpl-{self.request_id}", self.body["model"])
+        try:
+            item: Emit | None = first
+            while item is not None:
+                for obj in self._chunks_for(item, chunks):
+                    if self.ttft is None:
+                        self.ttft = time.perf_counter() - self.started
+                        self.state.metrics.ttft.labels(self.policy.mode).observe(self.ttft)
+                    yield frame(obj)
+                item = await anext(events, None)
+            stream_options = self.body.get("stream_options") or {}
+            if isinstance(stream_options, dict) and stream_options.get("include_usage"):
+                yield frame(chunks.usage_chunk(self.session.ctx.usage.as_dict()))
+            yield DONE
+        except FaithproxyError as exc:
+            self.error = exc
+            yield error_frame(exc)
+            yield DONE
+        except (asyncio.CancelledError, GeneratorExit):
+            self.disconnected = True
+            self.state.metrics.client_disconnects.inc()
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must still end the stream well-formed
+            log.exception("internal error in stream %s", self.request_id)
+            self.error = FaithproxyError(f"internal error: {type(exc).__name__}")
+            yield error_frame(self.error)
+            yield DONE
+        finally:
+            await _aclose(events)
+            self._finish()
+
+    def _chunks_for(self, item: Emit, chunks: ChunkFactory) -> list[dict[str, Any]]:
+        annotate = self.policy.annotate
+        if isinstance(item, EmitText):
+            self.answer[item.field] = self.answer.get(item.field, "") + item.text
+            extra = {"faithfulness": {"step": step_annotation(item.step)}} if annotate and item.step else None
+            return [chunks.chunk({item.field: item.text}, extra=extra)]
+        if isinstance(item, EmitExtra):
+            return [chunks.chunk(item.delta)]
+        if isinstance(item, EmitVerdicts):
+            if not annotate:
+                return []
+            return [chunks.chunk({}, extra={"faithfulness": {"verdicts": [step_annotation(s) for s in item.steps]}})]
+        assert isinstance(item, EmitEnd)
+        return [chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra={"faithfulness": self._summary()})]
+
+    # ---- non-stream ---------------------------------------------------------------------------
+
+    async def _collect(self, first: Emit, events: AsyncIterator[Emit]) -> Response:
+        assert self.session is not None
+        finish_reason: str | None = None
+        extras: dict[str, Any] = {}
+        try:
+            item: Emit | None = first
+            while item is not None:
+                if isinstance(item, EmitText):
+                    self.answer[item.field] = self.answer.get(item.field, "") + item.text
+                elif isinstance(item, EmitExtra):
+                    extras.update(item.delta)
+                elif isinstance(item, EmitEnd):
+                    finish_reason = item.finish_reason
+                item = await anext(events, None)
+        except FaithproxyError as exc:
+            self.error = exc
+            return error_response(exc, headers=self.headers)
+        finally:
+            await _aclose(events)
+            self._finish()
+        message: dict[str, Any] = {"role": "assistant", "content": self.answer.get("content"), **extras}
+        for name in ("reasoning", "reasoning_content"):
+            if name in self.answer:
+                message[name] = self.answer[name]
+        body = {
+            "id": f"chatcmpl-{self.request_id}",
+            "object": "chat.completion",
+            "created": int(self.started_wall),
+            "model": self.body["model"],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason or "stop"}],
+            "usage": self.session.ctx.usage.as_dict(),
+            "faithfulness": self._summary(),
+        }
+        return JSONResponse(body, headers=self.headers)
+
+    # ---- off mode: the same bytes vLLM sent ---------------------------------------------------
+
+    async def _passthrough(self) -> Response:
+        client = self.state.generator
+        headers = {"content-type": "application/json"}
+        try:
+            if not self.stream:
+                upstream = await client.raw("POST", "/v1/chat/completions", content=self.raw, headers=headers)
+                self._finish(status=upstream.status_code)
+                return Response(
+                    upstream.content, status_code=upstream.status_code, headers=self._copy_headers(upstream.headers)
+                )
+            cm = client.stream_raw(self.raw)
+            upstream = await cm.__aenter__()
+        except UpstreamError as exc:
+            self.error = exc
+            self._finish()
+            return error_response(exc, headers=self.headers)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for data in upstream.aiter_raw():
+                    if self.ttft is None:
+                        self.ttft = time.perf_counter() - self.started
+                        self.state.metrics.ttft.labels("off").observe(self.ttft)
+                    yield data
+            except Exception as exc:  # noqa: BLE001 - upstream died mid-stream: end well-formed
+                self.error = UpstreamError(f"upstream stream broke: {type(exc).__name__}", code="stream_broken")
+                yield error_frame(self.error)
+                yield DONE
+            finally:
+                await cm.__aexit__(None, None, None)
+                self._finish(status=upstream.status_code)
+
+        return StreamingResponse(
+            body(), status_code=upstream.status_code, headers=self._copy_headers(upstream.headers)
+        )
+
+    def _copy_headers(self, upstream_headers: Any) -> dict[str, str]:
+        out = dict(self.headers)
+        for name in _PASSTHROUGH_HEADERS:
+            if name in upstream_headers:
+                out[name] = upstream_headers[name]
+        return out
+
+    # ---- accounting ---------------------------------------------------------------------------
+
+    def _summary(self) -> dict[str, Any]:
+        assert self.session is not None
+        s = self.session
+        return summarize(
+            s.steps, mode=self.policy.mode, detector=self.policy.detector,
+            regenerations=s.stats.regenerations, verification_s=s.stats.verification_s, rounds=s.stats.rounds,
+        )
+
+    def _finish(self, status: int | None = None) -> None:
+        """Counts the request and writes its trace: runs exactly once, whatever happened."""
+        if getattr(self, "_finished", False):
+            return
+        self._finished = True
+        metrics = self.state.metrics
+        duration = time.perf_counter() - self.started
+        if self.session is not None:
+            metrics.in_flight.dec()
+        if self.error is not None:
+            status = self.error.status_code
+            if isinstance(self.error, UpstreamError):
+                code = self.error.code if self.error.code in UPSTREAM_ERRORS else "status"
+                metrics.upstream_errors.labels(code if self.error.code else "status").inc()
+        status_class = "disconnected" if self.disconnected else f"{(status or 200) // 100}xx"
+        metrics.requests.labels(self.policy.mode, self.policy.detector, status_class).inc()
+        metrics.request_duration.labels(self.policy.mode, str(self.stream).lower()).observe(duration)
+        if self.session is not None:
+            metrics.verification_seconds.labels(self.policy.mode).inc(self.session.stats.verification_s)
+        self._write_trace(duration)
+
+    def _write_trace(self, duration: float) -> None:
+        s = self.session
+        record: dict[str, Any] = {
+            "id": self.request_id,
+            "time": self.started_wall,
+            "model": self.body.get("model"),
+            "mode": self.policy.mode,
+            "detector": self.policy.detector,
+            "judge": self.policy.judge,
+            "stream": self.stream,
+            "prompt": s.ctx.question if s else None,
+            "images": [i.sha256 for i in s.ctx.images] if s else [],
+            "steps": trace_steps(s.steps) if s else [],
+            "answer": self.answer.get("content", "") if s else None,
+            "reasoning": self.answer.get("reasoning") or self.answer.get("reasoning_content") if s else None,
+            "summary": self._summary() if s else None,
+            "usage": s.ctx.usage.as_dict() if s else None,
+            "timings": {
+                "duration_s": round(duration, 6),
+                "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
+                "verification_s": round(s.stats.verification_s, 6) if s else 0.0,
+            },
+            "disconnected": self.disconnected,
+            "error": error_body(self.error)["error"] if self.error else None,
+        }
+        try:
+            self.state.tracer.write(record)
+        except OSError:
+            log.exception("could not write the trace of %s", self.request_id)
+
+
+async def _aclose(events: AsyncIterator[Emit]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
+

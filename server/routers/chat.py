@@ -1,0 +1,54 @@
+"""POST /v1/chat/completions: parse, pick the policy, hand over to the serving object.
+
+Thin on purpose: the loop lives in server/session.py, the response shapes in server/responses.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from faithcore.errors import FaithproxyError, PolicyError
+from server.errors import error_response
+from server.policy import policy_from_headers
+from server.responses import ChatServing
+from server.state import StateDep
+
+router = APIRouter()
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise PolicyError("Request body must be a JSON object", code="invalid_json")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise PolicyError("'model' must be a non-empty string", param="model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise PolicyError("'stream' must be a boolean", param="stream")
+    return body
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request, state: StateDep) -> Response:
+    raw = await request.body()
+    try:
+        body = _parse_body(raw)
+        policy = policy_from_headers(
+            request.headers, state.settings, detectors=state.detectors, judges=state.judges
+        )
+        serving = ChatServing(state, policy, body, raw)
+        return await serving.respond()
+    except FaithproxyError as exc:
+        state.metrics.requests.labels(
+            "unknown" if not isinstance(exc, PolicyError) else "rejected", "-", str(exc.status_code // 100) + "xx"
+        ).inc()
+        return error_response(exc)

@@ -1,0 +1,45 @@
+"""Process-wide resources, built in the lifespan and handed to handlers as a dependency."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from clients.vllm import VLLMClient
+from detectors.base import Detector
+from regenerators.base import Regenerator
+from server.metrics import Metrics
+from server.settings import Settings
+from server.traces import TraceWriter
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    generator: VLLMClient
+    detectors: dict[str, Detector]
+    judges: list[str]
+    regenerator: Regenerator
+    metrics: Metrics
+    tracer: TraceWriter
+    known_models: set[str] = field(default_factory=set)
+
+    def model_label(self, model: str) -> str:
+        """Metric label for a model: only names the upstream lists, so labels stay a small set."""
+        return model if model in self.known_models else "other"
+
+    def learn_models(self, models: list[str]) -> None:
+        new = set(models) - self.known_models
+        if new:
+            self.known_models |= new
+            for model in new:
+                self.metrics.preinit_model(model, self.detectors)
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.faithproxy
+
+
+StateDep = Annotated[AppState, Depends(get_state)]

@@ -1,0 +1,76 @@
+"""The `faithfulness` summary sent to the client and the trace record written for each request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faithcore.types import Faithfulness, Step, StepKind
+
+
+def step_annotation(step: Step) -> dict[str, Any]:
+    verdict = step.verdict
+    first = step.first_verdict
+    return {
+        "index": step.index,
+        "kind": step.kind.value,
+        "verdict": verdict.faithfulness.value if verdict else Faithfulness.UNKNOWN.value,
+        "detected": first.faithfulness.value if first else Faithfulness.UNKNOWN.value,
+        "attempts": step.attempts,
+        "regenerated": step.original_text is not None,
+        "residual": step.residual,
+        **({"original_text": step.original_text} if step.original_text is not None else {}),
+        **({"unchecked_reason": step.unchecked_reason} if step.unchecked_reason else {}),
+    }
+
+
+def upr_counts(steps: list[Step]) -> dict[str, Any]:
+    perception = [s for s in steps if s.kind is StepKind.PERCEPTION]
+    detected = sum(1 for s in perception if s.first_verdict is not None and s.first_verdict.unfaithful)
+    residual = sum(1 for s in perception if s.residual)
+    n = len(perception)
+    return {
+        "perception_steps": n,
+        "unfaithful_detected": detected,
+        "residual": residual,
+        "upr_detected": detected / n if n else 0.0,
+        "upr_residual": residual / n if n else 0.0,
+    }
+
+
+def summarize(
+    steps: list[Step], *, mode: str, detector: str, regenerations: int, verification_s: float, rounds: int
+) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "detector": detector,
+        "steps": [step_annotation(s) for s in steps],
+        **upr_counts(steps),
+        "regenerations": regenerations,
+        "fixed": sum(1 for s in steps if s.original_text is not None),
+        "rounds": rounds,
+        "verification_s": round(verification_s, 6),
+    }
+
+
+def trace_steps(steps: list[Step]) -> list[dict[str, Any]]:
+    out = []
+    for s in steps:
+        out.append(
+            {
+                "index": s.index,
+                "channel": s.channel.value,
+                "kind": s.kind.value,
+                "text": s.text,
+                "original_text": s.original_text,
+                "verdict": s.verdict.faithfulness.value if s.verdict else None,
+                "detected": s.first_verdict.faithfulness.value if s.first_verdict else None,
+                "score": s.first_verdict.score if s.first_verdict else None,
+                "attempts": s.attempts,
+                "rejected": list(s.rejected),
+                "residual": s.residual,
+                "residual_reason": s.residual_reason,
+                "unchecked_reason": s.unchecked_reason,
+                "detector_latency_s": s.first_verdict.latency_s if s.first_verdict else None,
+            }
+        )
+    return out

@@ -1,0 +1,64 @@
+"""Per-request policy from headers: defaults, valid values, and 400s that name the header."""
+
+import pytest
+
+from faithcore.errors import PolicyError
+from server.policy import policy_from_headers
+from server.settings import Settings
+
+DETECTORS = ["judge", "prompt", "none"]
+JUDGES = ["claude", "qwen"]
+
+
+def policy(headers: dict[str, str], **settings: object):
+    return policy_from_headers(headers, Settings(**settings), detectors=DETECTORS, judges=JUDGES)
+
+
+def test_defaults_come_from_settings() -> None:
+    p = policy({}, default_mode="detect", max_retries=2, default_judge="qwen")
+    assert (p.mode, p.detector, p.max_retries, p.judge, p.on_detector_error, p.annotate) == (
+        "detect", "judge", 2, "qwen", "pass", True,
+    )
+
+
+def test_headers_override_defaults() -> None:
+    p = policy({
+        "x-faithproxy-mode": "OFF", "x-faithproxy-detector": "prompt", "x-faithproxy-max-retries": "0",
+        "x-faithproxy-judge": "claude", "x-faithproxy-on-detector-error": "fail", "x-faithproxy-annotate": "false",
+    })
+    assert (p.mode, p.detector, p.max_retries, p.judge, p.on_detector_error, p.annotate) == (
+        "off", "prompt", 0, "claude", "fail", False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("x-faithproxy-mode", "fix"),
+        ("x-faithproxy-detector", "judgee"),
+        ("x-faithproxy-detector", "probe"),  # not served by this server
+        ("x-faithproxy-max-retries", "11"),
+        ("x-faithproxy-max-retries", "-1"),
+        ("x-faithproxy-max-retries", "three"),
+        ("x-faithproxy-judge", "http://evil.example/v1"),
+        ("x-faithproxy-on-detector-error", "ignore"),
+        ("x-faithproxy-annotate", "maybe"),
+    ],
+)
+def test_invalid_values_name_the_header(header: str, value: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        policy({header: value})
+    assert info.value.param == header
+    assert header in info.value.message
+    assert info.value.status_code == 400
+
+
+def test_did_you_mean() -> None:
+    with pytest.raises(PolicyError, match="Did you mean 'judge'"):
+        policy({"x-faithproxy-detector": "judgee"})
+
+
+def test_judge_detector_without_configured_judges_is_refused() -> None:
+    with pytest.raises(PolicyError) as info:
+        policy_from_headers({}, Settings(), detectors=["prompt", "none"], judges=[])
+    assert info.value.param == "x-faithproxy-detector"
