@@ -39,7 +39,6 @@ import contextlib
 import itertools
 import json
 import re
-import socket
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from benchmarks.local_server import running_app
 from detectors.judge_prompt import parse_judge_prompt_details
 from faithcore.types import StepKind
 
@@ -335,34 +335,12 @@ def create_app(oracle: Oracle | Mapping[str, Any] | str | Path, latency_s: float
 
 @contextlib.asynccontextmanager
 async def running_judge_server(app: FastAPI, host: str = "127.0.0.1") -> AsyncIterator[str]:
-    """Serve `app` with uvicorn on a free port of `host` inside the current event loop; yields its URL.
+    """Serve a `create_app` app on a free port of `host` in the current event loop; yields its URL.
 
-    The socket is bound before uvicorn starts (port 0), so there is no race for the port. On exit every
-    hanging request is released and the server is stopped.
+    On exit every request a "hang" keeps waiting is released first, so the server stops at once.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, ws="none", lifespan="on", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()  # raises the startup error
-                raise RuntimeError("judge server stopped during startup")
-            await asyncio.sleep(0.01)
-        yield f"http://{host}:{port}"
-    finally:
-        state = getattr(app.state, "judge", None)
-        if state is not None:
-            state.release.set()
-        server.should_exit = True
-        await task
-        sock.close()
+    async with running_app(app, host, on_exit=lambda: app.state.judge.release.set()) as url:
+        yield url
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ Mapping of the judge's reply onto the new steps:
 - kind: the judge's typing of the sentence when it gave one, else the step's own (heuristic) kind;
 - before the first unfaithful sentence: FAITHFUL (reasoning steps too, with kind REASONING);
 - the first unfaithful sentence: UNFAITHFUL, kind PERCEPTION (the judge's verdict implies it);
-- after it: UNKNOWN: not reached; the session reads them again after the correction.
+- after it: UNKNOWN, reason "judge:<name>:not_reached"; the session reads them again after the correction.
 
 If the judge still names an accepted step (it ignored the "checked before" note), the call is repeated
 once with the new steps alone as the chain, which cannot point into the past. That second call is rare
@@ -145,9 +145,7 @@ class JudgeDetector(Detector):
             await backend.aclose()
 
 
-def _verdicts(
-    reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float
-) -> list[Verdict]:
+def _verdicts(reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float) -> list[Verdict]:
     verdicts = []
     first = reply.first_unfaithful
     for i, step in enumerate(new_steps):
@@ -159,5 +157,6 @@ def _verdicts(
             faithfulness, kind = Faithfulness.UNFAITHFUL, StepKind.PERCEPTION
         else:
             faithfulness = Faithfulness.UNKNOWN
-        verdicts.append(Verdict(faithfulness, "judge", kind=kind, reason=reason, latency_s=latency_s))
+        why = f"{reason}:not_reached" if faithfulness is Faithfulness.UNKNOWN else reason
+        verdicts.append(Verdict(faithfulness, "judge", kind=kind, reason=why, latency_s=latency_s))
     return verdicts

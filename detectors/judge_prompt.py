@@ -148,9 +148,7 @@ _LABEL = re.compile(
     r"|image description|description)\s*\]?\s*(?::|-|=)?\s*(?P<value>.*)$",
     re.IGNORECASE,
 )
-_SENTENCE_REF = re.compile(
-    r"^\[?\s*sentence\s*(?P<k>\d+)\s*\]?\s*(?:[:.)\-]\s*)?(?P<rest>.*)$", re.IGNORECASE
-)
+_SENTENCE_REF = re.compile(r"^\[?\s*sentence\s*(?P<k>\d+)\s*\]?\s*(?:[:.)\-]\s*)?(?P<rest>.*)$", re.IGNORECASE)
 _NUMBER_ONLY = re.compile(r"^(?:#|no\.?\s*)?(?P<k>\d+)\s*[.:)]?$", re.IGNORECASE)
 _TRAILING_KIND = re.compile(
     r"(?:^|[\s\-\u2013\u2014:|(\[])(?:type\s*[:=]\s*)?(PERCEPTION|REASONING)[\s\])]*$", re.IGNORECASE
@@ -232,7 +230,14 @@ def parse_judge_reply(reply: str, sentences: list[str]) -> JudgeReply:
     verdicts: list[bool] = []
     block: int | None = None  # the sentence a block-style "Type:"/"Faithfulness:" line refers to
     block_unfaithful: int | None = None
+    preamble: list[str] = []  # lines before the first field or typing line: an unlabelled description
+    seen_structure = False
     for pos, line in enumerate(lines):
+        if not seen_structure and line and not _LABEL.match(line) and not _typing(line):
+            if not line.endswith(":"):  # "Here is my analysis:" is not a description
+                preamble.append(line)
+            continue
+        seen_structure = seen_structure or bool(line)
         if label := _LABEL.match(line):
             name = label.group("label").lower().replace("image description", "description")
             value = label.group("value").strip() or _next_value(lines, pos)
@@ -256,7 +261,7 @@ def parse_judge_reply(reply: str, sentences: list[str]) -> JudgeReply:
             kinds.setdefault(block - 1, StepKind(type_line.group(1).lower()))
     if not verdicts:
         raise _unparseable("no [Faithfulness] field")
-    description = fields.get("description") or None
+    description = fields.get("description") or " ".join(preamble) or None
     if not any(verdicts):
         return JudgeReply(kinds, None, description)
     first = _locate(fields.get("first unfaithful sentence", ""), sentences)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -25,8 +26,16 @@ from server.traces import TraceWriter
 log = logging.getLogger("faithproxy")
 
 
-def create_app(settings: Settings | None = None, *, registry: CollectorRegistry | None = None) -> FastAPI:
-    """Each app owns its metrics registry (so several apps can live in one test process)."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """Each app owns its metrics registry (so several apps can live in one test process).
+
+    `upstream_transport` replaces the network under the vLLM client: fault-injection tests only.
+    """
     settings = settings or get_settings()
     if registry is None:
         registry = CollectorRegistry()
@@ -41,6 +50,7 @@ def create_app(settings: Settings | None = None, *, registry: CollectorRegistry 
             api_key=key,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             request_timeout_s=settings.upstream_request_timeout_s,
+            transport=upstream_transport,
         )
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
         detectors = build_detectors(DetectorDeps(judges=judges, default_judge=settings.default_judge))

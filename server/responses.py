@@ -252,7 +252,7 @@ class ChatServing:
             status = self.error.status_code
             if isinstance(self.error, UpstreamError):
                 code = self.error.code if self.error.code in UPSTREAM_ERRORS else "status"
-                metrics.upstream_errors.labels(code if self.error.code else "status").inc()
+                metrics.upstream_errors.labels(code).inc()
         status_class = "disconnected" if self.disconnected else f"{(status or 200) // 100}xx"
         metrics.requests.labels(self.policy.mode, self.policy.detector, status_class).inc()
         metrics.request_duration.labels(self.policy.mode, str(self.stream).lower()).observe(duration)

@@ -169,19 +169,27 @@ class ChainSession:
         and returns without it when a correction needs a new round."""
         pending: list[Item] = []
         ended: RoundEnd | None = None
+        failure: RoundFailed | None = None
         while True:
-            if not pending and ended is None:
+            if not pending and ended is None and failure is None:
                 pending.append(await reader.queue.get())
             while not reader.queue.empty():
                 pending.append(reader.queue.get_nowait())
+            # Items before a failure are still delivered (whole steps only); the error comes after them.
+            failure = failure or next((i for i in pending if isinstance(i, RoundFailed)), None)
+            if failure is not None and failure in pending:
+                del pending[pending.index(failure):]
             ended = ended or self._take_end(pending, reader)
             if not pending:
+                if failure is not None:
+                    raise _as_faithproxy_error(failure.error)
                 if ended is not None:
                     outcome.append(ended)
                     return
                 continue
             batch = self._next_batch(pending)
             del pending[: len(batch)]
+            sequential_stop = not self.settings.pipelined and ended is None and any(isinstance(i, Step) for i in batch)
             new_steps = [i for i in batch if isinstance(i, Step)]
             failed_at = await self._verify(new_steps)
             for item in batch:
@@ -192,18 +200,21 @@ class ChainSession:
                         continue
                     # The read-ahead is dropped: the caller's finally cancels the reader, which closes
                     # the upstream stream (vLLM aborts that generation).
-                    self._completion_used += reader.deltas_seen
-                    self.ctx.usage.completion_tokens += reader.deltas_seen
+                    if ended is None:  # an aborted round reports no usage: estimate its tokens
+                        self._completion_used += reader.deltas_seen
+                        self.ctx.usage.completion_tokens += reader.deltas_seen
                     yield await self._correct(item)
                     return
                 emitted = self._emit_item(item)
                 if emitted is not None:
                     yield emitted
+            if sequential_stop:
+                # Sequential variant: stop decoding after each checked step, continue in a new request.
+                self._completion_used += reader.deltas_seen
+                self.ctx.usage.completion_tokens += reader.deltas_seen
+                return
 
     def _take_end(self, pending: list[Item], reader: RoundReader) -> RoundEnd | None:
-        for item in pending:
-            if isinstance(item, RoundFailed):
-                raise _as_faithproxy_error(item.error)
         ends = [i for i in pending if isinstance(i, RoundEnd)]
         if not ends:
             return None
@@ -220,9 +231,10 @@ class ChainSession:
         """Everything pending, up to max_batch_steps steps: one detector call for all of it."""
         batch: list[Item] = []
         steps = 0
+        limit = self.settings.max_batch_steps if self.settings.pipelined else 1
         for item in pending:
             if isinstance(item, Step):
-                if steps == self.settings.max_batch_steps:
+                if steps == limit:
                     break
                 steps += 1
             batch.append(item)

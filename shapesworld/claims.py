@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shapesworld.language import Claim, CountClaim, ObjectClaim, RelationClaim, is_reasoning, parse_claim
+from shapesworld.language import Claim, CountClaim, ObjectClaim, is_reasoning, parse_claim
 from shapesworld.parser import ImageInput, parse_image
 from shapesworld.world import WorldObject, count_matching
 

@@ -67,16 +67,14 @@ def render_claim(claim: Claim) -> str:
 
 # --- parsing -------------------------------------------------------------------------------------
 
-_REASONING_OPENERS = {
-    "so", "therefore", "thus", "hence", "because", "since", "option", "options", "answer", "then", "this",
-    "that", "which", "none", "only", "comparing", "counting",
-}
+_REASONING_OPENERS = set(
+    "so therefore thus hence because since option options answer then this that which none only comparing"
+    " counting".split()
+)
 _REASONING_WORDS = re.compile(r"\b(options?|answer|matches|means|most often|more than any)\b", re.IGNORECASE)
 
-_NUMBER_WORDS = {
-    "zero": 0, "no": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5,
-    "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
-}
+_NUMBER_WORDS = {w: n for n, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+_NUMBER_WORDS["no"] = 0
 _SYNONYMS = {"color": "colour", "colors": "colours", "center": "centre", "big": "large", "little": "small"}
 _SINGULAR = {plural: shape for shape, plural in PLURALS.items()}
 # Position phrases -> (row, col); None leaves that coordinate open ("on the left" is any row).
@@ -96,7 +94,9 @@ _POSITIONS: dict[str, tuple[int | None, int | None]] = {name: cell for cell, nam
     "left side": (None, 0),
     "right side": (None, 2),
 }
-_POSITIONS |= {f"{corner} corner": _POSITIONS[corner] for corner in ("top left", "top right", "bottom left", "bottom right")}
+_POSITIONS |= {
+    f"{corner} corner": _POSITIONS[corner] for corner in ("top left", "top right", "bottom left", "bottom right")
+}
 _POSITION_RE = "|".join(sorted((re.escape(p) for p in _POSITIONS), key=len, reverse=True))
 _POSITION_TAIL = rf"(?:in|at|on) the (?P<pos>{_POSITION_RE})(?: of the (?:image|picture|scene))?"
 _TRAILING_POSITION = re.compile(rf"^(?P<np>.+?) {_POSITION_TAIL}$")

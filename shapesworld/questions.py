@@ -176,7 +176,9 @@ def _count(objects: Sequence[WorldObject], rng: random.Random) -> list[Candidate
     for target in dict.fromkeys(targets):
         gold = count_matching(target, objects)
         others = rng.sample([n for n in range(MAX_OBJECTS + 1) if n != gold], 3)
-        out.append((f"How many {target.noun_phrase(plural=True)} are there?", CountSpec(target), [str(n) for n in others]))
+        out.append(
+            (f"How many {target.noun_phrase(plural=True)} are there?", CountSpec(target), [str(n) for n in others])
+        )
     return out
 
 
@@ -241,10 +243,10 @@ def _comparison(objects: Sequence[WorldObject], rng: random.Random) -> list[Cand
     for a in SHAPES:
         for b in SHAPES:
             if a != b and (a in present or b in present):
-                spec = MoreSpec(a, b)
-                gold = solve(spec, objects)
+                more = MoreSpec(a, b)
+                gold = solve(more, objects)
                 others = [o for o in MORE_OPTIONS if o != gold]
-                out.append((f"Are there more {PLURALS[a]} than {PLURALS[b]}?", spec, others))
+                out.append((f"Are there more {PLURALS[a]} than {PLURALS[b]}?", more, others))
     return out
 
 

@@ -86,7 +86,9 @@ def render(scene: Scene) -> Image.Image:
     return image
 
 
-def draw_shape(draw: ImageDraw.ImageDraw, shape: str, bbox: tuple[int, int, int, int], fill: tuple[int, int, int]) -> None:
+def draw_shape(
+    draw: ImageDraw.ImageDraw, shape: str, bbox: tuple[int, int, int, int], fill: tuple[int, int, int]
+) -> None:
     """Draw one shape filling the square `bbox` (ends exclusive; the side is odd)."""
     x0, y0, x1, y1 = bbox
     side = x1 - x0
@@ -98,8 +100,7 @@ def draw_shape(draw: ImageDraw.ImageDraw, shape: str, bbox: tuple[int, int, int,
     elif shape == "triangle":
         draw.polygon([(x0 + side // 2, y0), (x0, yl), (xl, yl)], fill=fill)
     elif shape == "cross":
-        arm = round(side / 3)
-        arm += 1 - arm % 2  # odd, so the arms are centred
+        arm = 2 * round((side / 3 - 1) / 2) + 1  # the odd width nearest a third: centred arms, fill <= 0.62
         a = (side - arm) // 2
         draw.rectangle((x0, y0 + a, xl, y0 + a + arm - 1), fill=fill)
         draw.rectangle((x0 + a, y0, x0 + a + arm - 1, yl), fill=fill)

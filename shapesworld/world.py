@@ -8,6 +8,7 @@ of a 3x3 grid and every object sits inside its own cell, so a cell names at most
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "cross")
@@ -156,5 +157,5 @@ def position_phrase(row: int | None, col: int | None) -> str:
     raise ValueError("no position to phrase")
 
 
-def count_matching(ref: Ref, objects: tuple[WorldObject, ...] | list[WorldObject]) -> int:
+def count_matching(ref: Ref, objects: Sequence[WorldObject]) -> int:
     return sum(ref.matches(o) for o in objects)

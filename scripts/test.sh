@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command of the README: installs what is missing, builds the fixture model, lints, tests.
+# pytest's exit code 5 (no tests collected) fails this script like any other failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+bash scripts/build_fixture_model.sh
+.venv/bin/ruff check .
+.venv/bin/python -m pytest "$@"

