@@ -78,7 +78,7 @@ def build_judge_prompt(
     lines.append("")
     if already_checked:
         lines += [_CHECKED_NOTE.format(m=already_checked), ""]
-    if image_hint:
+    if image_hint and _one_line(image_hint):
         lines += [_HINT_HEADER, _one_line(image_hint), ""]
     lines.append(_INSTRUCTIONS)
     return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""What the model is trained on: chat messages for its three tasks, and seeded streams of them.
+
+A `Sample` is one chat request (the scene's image first, then the text, as the proxy's callers send
+it) and the exact reply to learn. Generator samples pair a question with its *reference* chain, so
+every perception error the trained model makes is its own. Regeneration and self-check samples come
+from `shapesworld.examples`, which builds them with the proxy's own prompt templates.
+
+Each task draws from its own item stream (`shapesworld.dataset.generate_items`) with a seed derived
+from the run's seed, so the stream is a pure function of (seed, task, position). The held-out seed is
+outside every training seed's range.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from shapesworld.chains import reference_chain
+from shapesworld.dataset import Item, generate_items, item_examples
+from shapesworld.scenes import Scene, render
+
+GENERATOR, REGENERATION, SELF_CHECK = "generator", "regeneration", "self_check"
+TASKS = (GENERATOR, REGENERATION, SELF_CHECK)
+
+HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
+TOKENIZER_SEED = 998
+TOKENIZER_ITEMS = 3000
+HALLUCINATION_RATE = 0.5  # of the auxiliary streams' items: the rest give self-check examples only
+
+
+def task_seed(seed: int, task: str) -> int:
+    if seed < 0:
+        raise ValueError("the training seed must be >= 0")
+    return 1000 + 3 * seed + TASKS.index(task)
+
+
+@dataclass(frozen=True)
+class Sample:
+    task: str
+    scene: Scene
+    text: str  # the user message's text (the image goes before it)
+    target: str  # the reply, without the end-of-message token
+
+    def image(self) -> Image.Image:
+        return render(self.scene)
+
+
+def user_message(text: str, image_url: str | None = None) -> dict[str, Any]:
+    """The one user turn: the image, then the text. Without a URL the image part is a placeholder
+    that the chat template renders exactly as it renders an `image_url` part."""
+    image: dict[str, Any] = (
+        {"type": "image"}
+        if image_url is None
+        else {
+            "type": "image_url",
+            "image_url": {"url": image_url},
+        }
+    )
+    return {"role": "user", "content": [image, {"type": "text", "text": text}]}
+
+
+def generator_sample(item: Item) -> Sample:
+    chain = reference_chain(item.scene, item.question)
+    return Sample(GENERATOR, item.scene, item.question.prompt, chain.text())
+
+
+def stream(item_seed: int, task: str) -> Iterator[Sample]:
+    """Endless samples of one task from the items of `item_seed` (`task_seed(...)` when training)."""
+    if task == GENERATOR:
+        return (generator_sample(item) for item in _items(item_seed, 0.0))
+    return auxiliary_stream(item_seed, task)
+
+
+def _items(item_seed: int, hallucination_rate: float) -> Iterator[Item]:
+    i = 0
+    while True:
+        yield from generate_items(item_seed, 256, start=i, hallucination_rate=hallucination_rate)
+        i += 256
+
+
+def auxiliary_stream(item_seed: int, task: str) -> Iterator[Sample]:
+    """Regeneration or self-check samples; a self-check item gives one of its FAITHFUL/UNFAITHFUL
+    pair (chosen by a seeded coin) so that consecutive samples are different scenes."""
+    rate = 1.0 if task == REGENERATION else HALLUCINATION_RATE
+    rng = random.Random(f"shapesworld-model:{item_seed}:{task}")
+    for item in _items(item_seed, rate):
+        examples = [e for e in item_examples(item) if e.task == task]
+        if examples:
+            example = examples[0] if task == REGENERATION else rng.choice(examples)
+            yield Sample(task, item.scene, example.prompt, example.target)
+
+
+def tokenizer_texts(count: int = TOKENIZER_ITEMS) -> list[str]:
+    """Every kind of prompt and reply the model sees, from a seed of their own."""
+    texts = []
+    for item in generate_items(TOKENIZER_SEED, count, hallucination_rate=0.5):
+        sample = generator_sample(item)
+        texts += [sample.text, sample.target]
+        for example in item_examples(item):
+            texts += [example.prompt, example.target]
+    return texts
+
+
+def shapesworld_tokenizer(count: int = TOKENIZER_ITEMS) -> Any:
+    """The byte-level BPE of `tinyvlm.tokenizer`, trained on ShapesWorld texts (deterministic)."""
+    from tinyvlm.tokenizer import train_tokenizer
+
+    return train_tokenizer(tokenizer_texts(count))
