@@ -60,10 +60,15 @@ def _body(model: str, fixture: str) -> dict[str, Any]:
         "stream": True,
         "temperature": 0.0,
         "max_tokens": 200,
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": spec.data_url(fixture)}},
-            {"type": "text", "text": spec.get(fixture).question},
-        ]}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": spec.data_url(fixture)}},
+                    {"type": "text", "text": spec.get(fixture).question},
+                ],
+            }
+        ],
     }
 
 
@@ -71,8 +76,9 @@ async def timed_stream(http: httpx.AsyncClient, config: Config, model: str, fixt
     result = Result(config.name, fixture)
     started = time.perf_counter()
     try:
-        async with http.stream("POST", f"{config.url}/v1/chat/completions", json=_body(model, fixture),
-                               headers=config.headers) as response:
+        async with http.stream(
+            "POST", f"{config.url}/v1/chat/completions", json=_body(model, fixture), headers=config.headers
+        ) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}"
                 return result
@@ -111,19 +117,44 @@ async def step_decode_time(http: httpx.AsyncClient, vllm_url: str, model: str) -
 
 
 def _serve(port: int, upstream: str, judge_url: str, pipelined: bool, log: Path) -> subprocess.Popen[bytes]:
-    judges = [{"name": "bench", "backend": "anthropic", "model": "bench", "base_url": judge_url, "api_key": "x",
-               "timeout_s": 30}]
-    env = {**os.environ, "FAITHPROXY_JUDGES": json.dumps(judges), "FAITHPROXY_PIPELINED": str(pipelined).lower(),
-           "FAITHPROXY_REGENERATION_TEMPERATURE": "0"}
+    judges = [
+        {
+            "name": "bench",
+            "backend": "anthropic",
+            "model": "bench",
+            "base_url": judge_url,
+            "api_key": "x",
+            "timeout_s": 30,
+        }
+    ]
+    env = {
+        **os.environ,
+        "FAITHPROXY_JUDGES": json.dumps(judges),
+        "FAITHPROXY_PIPELINED": str(pipelined).lower(),
+        "FAITHPROXY_REGENERATION_TEMPERATURE": "0",
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--upstream", upstream, "--port", str(port),
-         "--log-level", "warning"],
-        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "serve",
+            "--upstream",
+            upstream,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
-async def _wait_ready(http: httpx.AsyncClient, url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_ready(http: httpx.AsyncClient, url: str, wait_s: float = 60) -> None:
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
             if (await http.get(f"{url}/readyz")).status_code == 200:
@@ -140,13 +171,17 @@ async def run(vllm_url: str, model: str, rounds: int, judge_latency: float | Non
 
     judge_app = create_judge_app(spec.oracle_json())
     logs = Path(tempfile.mkdtemp(prefix="fp-bench-"))
-    async with running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url, \
-            httpx.AsyncClient(timeout=120) as http:
+    async with (
+        running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url,
+        httpx.AsyncClient(timeout=120) as http,
+    ):
         step_s = await step_decode_time(http, vllm_url, model)
         judge_app.state.judge.latency_s = step_s if judge_latency is None else judge_latency
         ports = free_port(), free_port()
-        procs = [_serve(ports[0], vllm_url, judge_url, True, logs / "pipelined.log"),
-                 _serve(ports[1], vllm_url, judge_url, False, logs / "sequential.log")]
+        procs = [
+            _serve(ports[0], vllm_url, judge_url, True, logs / "pipelined.log"),
+            _serve(ports[1], vllm_url, judge_url, False, logs / "sequential.log"),
+        ]
         try:
             for port in ports:
                 await _wait_ready(http, f"http://127.0.0.1:{port}")
@@ -173,8 +208,14 @@ async def run(vllm_url: str, model: str, rounds: int, judge_latency: float | Non
 
 def report(results: list[Result], step_s: float, judge_s: float, rounds: int) -> dict[str, Any]:
     errors = [r for r in results if r.error]
-    out: dict[str, Any] = {"step_decode_s": step_s, "judge_latency_s": judge_s, "rounds": rounds,
-                           "errors": len(errors), "median_wall_s": {}, "ratio_to_unverified": {}}
+    out: dict[str, Any] = {
+        "step_decode_s": step_s,
+        "judge_latency_s": judge_s,
+        "rounds": rounds,
+        "errors": len(errors),
+        "median_wall_s": {},
+        "ratio_to_unverified": {},
+    }
     for group, fixtures in (("clean", CLEAN), ("planted", PLANTED)):
         medians = {}
         for config in ("unverified (mode off)", "verified, pipelined", "verified, sequential"):
@@ -210,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"step decode time {result['step_decode_s'] * 1000:.1f} ms, judge latency "
-          f"{result['judge_latency_s'] * 1000:.1f} ms, {args.rounds} rounds, errors {result['errors']}")
+    print(
+        f"step decode time {result['step_decode_s'] * 1000:.1f} ms, judge latency "
+        f"{result['judge_latency_s'] * 1000:.1f} ms, {args.rounds} rounds, errors {result['errors']}"
+    )
     for group in ("clean", "planted"):
         print(f"\n{group} chains        median wall   ratio to unverified")
         for config, wall in result["median_wall_s"][group].items():

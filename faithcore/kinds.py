@@ -4,20 +4,20 @@ Only perception steps are checked against the image, so this decides what a dete
 cheap cue-word heuristic, not a judgement: a detector that types steps itself (the judge does) returns
 its own `Verdict.kind`, which overrides this one.
 
-The rules, in order:
+The rules, in order (list markers and fillers such as "Okay," or "Wait," are skipped first):
 
 1. A step that opens with a deduction cue ("So", "Therefore", "Because", "The answer is", "Let me
    compute", ...) is REASONING, whatever it mentions: "Therefore there are 2 more squares than
-   circles." draws a conclusion. Fillers such as "Okay," or "Wait," and list markers are skipped.
+   circles." draws a conclusion.
 2. A step with a conclusion or arithmetic anywhere ("the answer is", "option B", "(C)", "3 + 4 = 7",
-   "which means") is REASONING.
-3. A step that mentions the image or something one sees in it (the image/picture/figure, "I see",
+   "x = 7", "which means") is REASONING.
+3. A generic statement about a kind of thing ("A circle has no corners.", "Squares have four
+   sides.") is REASONING unless it mentions the image: it is general knowledge.
+4. A step that mentions the image or something one sees in it (the image/picture/figure, "I see",
    "there is/are", visible, shows, colours, positions such as left/above/next to, sizes, counts of
    objects, text written or read) is PERCEPTION.
-   A generic statement about a kind of thing ("A circle has no corners.", "Squares have four
-   sides.") is REASONING unless it mentions the image: it is general knowledge.
-4. Anything else is REASONING. Shape names alone are no cue: "The circle is red." is a claim about
-   the image because of "red", not "circle".
+5. Anything else is REASONING. Shape names alone are no cue: "The circle is red." is a claim about
+   the image because of "red", not because of "circle".
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ _DEDUCTION_START = re.compile(
         "in conclusion", "to conclude", "in summary", "to summarize", "overall", "putting .* together",
         "the (?:final |correct )?answer", "(?:final )?answer", "let me", "let's", "let us", "if",
         "assuming", "suppose", "given that", "recall", "remember", "by definition",
+        # plans and restatements of the task claim nothing about the image yet
+        "i need to", "i should", "i will", "i'll", "we need to", "i have to", "the question", "the task",
     ),
     re.IGNORECASE,
 )  # fmt: skip
@@ -114,7 +116,7 @@ _PERCEPTION = re.compile(
         )
     ),
     re.IGNORECASE,
-)
+)  # fmt: skip
 
 
 def classify_step(text: str) -> StepKind:

@@ -31,7 +31,7 @@ from nltk.tokenize.punkt import (
 ABBREVIATIONS: frozenset[str] = frozenset(
     {
         "etc", "al", "approx", "ca", "resp", "no", "nos", "jr", "sr", "inc", "ltd", "co", "corp",
-        "dept", "est", "esp", "misc", "min", "max", "avg", "incl", "excl", "appr",
+        "dept", "est", "esp", "misc", "min", "max", "avg", "incl", "excl", "a.m", "p.m",
     }
 )  # fmt: skip
 
@@ -68,9 +68,22 @@ class _LanguageVars(PunktLanguageVars):
     step with it.
     """
 
-    re_boundary_realignment = re.compile(
-        r'["\')\]}\u2018\u2019\u201c\u201d\xab\xbb*_]+?(?:\s+|(?=--)|$)', re.MULTILINE
-    )
+    re_boundary_realignment = re.compile(r'["\')\]}\u2018\u2019\u201c\u201d\xab\xbb*_]+?(?:\s+|(?=--)|$)', re.MULTILINE)
+
+
+class _Tokenizer(PunktSentenceTokenizer):
+    """Punkt with its per-candidate decision memoised.
+
+    Punkt decides each candidate from a short context string ("Dr. Smith", "ball. The"), and a
+    streaming segmenter asks about the same few candidates on every feed until they are settled.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(build_parameters(), lang_vars=_LanguageVars())
+        self._decide = functools.lru_cache(maxsize=8192)(super().text_contains_sentbreak)
+
+    def text_contains_sentbreak(self, text: str) -> bool:
+        return self._decide(text)
 
 
 def build_parameters() -> PunktParameters:
@@ -84,4 +97,4 @@ def build_parameters() -> PunktParameters:
 @functools.cache
 def sentence_tokenizer() -> PunktSentenceTokenizer:
     """The shared tokenizer; it holds no per-text state, so every segmenter can use it."""
-    return PunktSentenceTokenizer(build_parameters(), lang_vars=_LanguageVars())
+    return _Tokenizer()

@@ -6,12 +6,14 @@ segments as feeding it at once.
 
 How text is cut:
 
-- `<think>` and `</think>` tags, blank lines, and line starts that open a list item (`- `, `* `,
-  `+ `, `1. `, `2) `, `a) `, `(B) `) end a block. A step never spans a block end.
+- `<think>` and `</think>` tags, blank lines, line starts that open a list item (`- `, `* `, `+ `,
+  `1. `, `2) `, `a) `, `(B) `) or a markdown heading (`## `), the end of a heading line, and the end
+  of a line that closes bold text or ends with a colon ("**Step 1**", "Options:") end a block. A
+  step never spans a block end; a single newline inside a paragraph is just whitespace.
 - Within a block, nltk's Punkt finds sentence ends (parameters built in code, see
   `faithcore.punkt_params`): decimals, abbreviations, quotes closing a sentence and ellipses are its
   business. A Punkt boundary inside LaTeX (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`) is ignored,
-  and a leading list marker is hidden from Punkt so that "1. First item." stays one step.
+  and a list marker that starts a line is hidden from Punkt so that "1. First item." stays one step.
 - A cut lies right after a step's last character, so whitespace and tags between two steps lead the
   next segment's `raw`. `text` is the step without them.
 
@@ -38,8 +40,14 @@ __all__ = ["StepSegmenter", "segment_text"]
 
 _TAGS = ("<think>", "</think>")
 _MARKER = r"(?:[-*+\u2022]|\d{1,3}[.)]|[A-Za-z][.)]|\([A-Za-z0-9]{1,3}\))"
+_HEADING = re.compile(r"#{1,6}[^\S\n]")
 _LEADING_JUNK = re.compile(r"(?:\s+|</?think>)*")
-_BLOCK_END = re.compile(r"</?think>|\n[^\S\n]*\n|\n[^\S\n]*(?=" + _MARKER + r"[^\S\n])")
+_BLOCK_END = re.compile(
+    r"</?think>"
+    r"|\n[^\S\n]*\n"  # a blank line
+    r"|\n[^\S\n]*(?=(?:" + _MARKER + r"|#{1,6})[^\S\n])"  # a list item or heading starts a line
+    r"|(?<=\*\*|.:)[^\S\n]*\n"  # a line ends with bold text ("**Step 1**") or a colon ("Options:")
+)
 _LIST_MARKER = re.compile(_MARKER + r"[^\S\n]+")
 # One complete word after a cut: Punkt reads no further than the next whitespace-terminated run.
 _LOOKAHEAD = re.compile(r"\s*\S+\s")
@@ -160,6 +168,8 @@ class StepSegmenter:
         self._buffer = ""
         # Buffer offset before which Punkt has nothing more to decide (see `_remember_progress`).
         self._resume = 0
+        # Buffer offset before which no block end can start any more (see `_find_block_end`).
+        self._block_scan = 0
         self._at_text_start = True  # nothing emitted since construction or the last flush
 
     def feed(self, text: str) -> list[Segment]:
@@ -182,6 +192,7 @@ class StepSegmenter:
                 break
             segments.append(self._emit(*cut))
         self._resume = 0
+        self._block_scan = 0
         self._at_text_start = True
         return segments
 
@@ -191,6 +202,7 @@ class StepSegmenter:
         self._next_index += 1
         self._buffer = buffer[end:]
         self._resume = 0
+        self._block_scan = 0
         self._at_text_start = False
         return segment
 
@@ -203,15 +215,19 @@ class StepSegmenter:
         if not final and len(buffer) - start < 9 and any(tag.startswith(buffer[start:]) for tag in _TAGS):
             return None  # maybe the start of a tag
 
-        block_end_match = _BLOCK_END.search(buffer, start)
-        closed = final or block_end_match is not None
+        block_end_match = self._find_block_end(start)
+        raw_end = block_end_match.start() if block_end_match is not None else None
+        at_line_start = self._at_line_start(start)
+        if at_line_start and _HEADING.match(buffer, start):  # a heading is a block of one line
+            newline = buffer.find("\n", start, raw_end)
+            raw_end = raw_end if newline < 0 else newline
+        closed = final or raw_end is not None
         if closed:
-            raw_end = block_end_match.start() if block_end_match is not None else len(buffer)
             end = start + len(buffer[start:raw_end].rstrip())
         else:
             end = len(buffer)
 
-        marker = _LIST_MARKER.match(buffer, start, end) if self._at_line_start(start) else None
+        marker = _LIST_MARKER.match(buffer, start, end) if at_line_start else None
         base = max(marker.end() if marker is not None else start, self._resume)
         math = _scan_math(buffer, base, end, closed)
         cut = None
@@ -229,6 +245,21 @@ class StepSegmenter:
             return start, end
         self._remember_progress(base, cut, math)
         return None
+
+    def _find_block_end(self, start: int) -> re.Match[str] | None:
+        """The first tag, blank line or list item after `start`, scanning only text not yet ruled out.
+
+        A block end that has not matched yet can only start in the last 8 characters (a partial tag
+        or list marker) or in the whitespace just before them (a newline still waiting for its line).
+        """
+        buffer = self._buffer
+        found = _BLOCK_END.search(buffer, max(start, self._block_scan))
+        if found is None:
+            scan = max(start, len(buffer) - 8)
+            while scan > start and buffer[scan - 1].isspace():
+                scan -= 1
+            self._block_scan = scan
+        return found
 
     def _at_line_start(self, start: int) -> bool:
         """Whether the step starting at buffer[start] starts a line (only then can it be a list item)."""

@@ -61,8 +61,10 @@ def create_app(
             detectors=detectors,
             judges=list(judges),
             regenerator=build_regenerator(
-                settings.regenerator, generator,
-                temperature=settings.regeneration_temperature, max_tokens=settings.regeneration_max_tokens,
+                settings.regenerator,
+                generator,
+                temperature=settings.regeneration_temperature,
+                max_tokens=settings.regeneration_max_tokens,
             ),
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),

@@ -26,7 +26,10 @@ def _serve(args: argparse.Namespace) -> int:
     }
     settings = Settings(**overrides)
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
         timeout_graceful_shutdown=5,
     )
     return 0

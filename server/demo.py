@@ -37,8 +37,12 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float, lo
 
 def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})}, start_new_session=True,
+        cmd,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
     )
 
 
@@ -59,10 +63,15 @@ def _print_stream(client: Any, model: str, fixture: str) -> dict[str, Any]:
     print(f"\n=== {fixture}: {f.question}")
     stream = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": spec.data_url(fixture)}},
-            {"type": "text", "text": f.question},
-        ]}],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": spec.data_url(fixture)}},
+                    {"type": "text", "text": f.question},
+                ],
+            }
+        ],
         temperature=0.0,
         max_tokens=200,
         stream=True,
@@ -102,9 +111,7 @@ def run_demo(workdir: str = "var/demo", keep: bool = False) -> int:
     work.mkdir(parents=True, exist_ok=True)
     model_dir = Path(os.environ.get("FAITHPROXY_FIXTURE_MODEL_DIR", "var/models/fixture-vlm")).resolve()
     print(f"[demo] fixture model: {model_dir} (built if missing or stale)", flush=True)
-    subprocess.run(
-        [sys.executable, "-m", "tinyvlm.train_fixture", "--out", str(model_dir), "--if-stale"], check=True
-    )
+    subprocess.run([sys.executable, "-m", "tinyvlm.train_fixture", "--out", str(model_dir), "--if-stale"], check=True)
     oracle = work / "oracle.json"
     oracle.write_text(json.dumps(spec.oracle_json()))
     started: list[Any] = []
@@ -113,14 +120,35 @@ def run_demo(workdir: str = "var/demo", keep: bool = False) -> int:
         vllm = start_vllm(model_dir, log_path=work / "vllm.log")
         started.append(vllm)
         judge_port, proxy_port = free_port(), free_port()
-        judge = _start([sys.executable, "-m", "benchmarks.judge_server", "--port", str(judge_port),
-                        "--oracle", str(oracle)], work / "judge.log")
+        judge = _start(
+            [sys.executable, "-m", "benchmarks.judge_server", "--port", str(judge_port), "--oracle", str(oracle)],
+            work / "judge.log",
+        )
         started.append(judge)
-        judges = [{"name": "local", "backend": "anthropic", "model": "local-judge",
-                   "base_url": f"http://127.0.0.1:{judge_port}", "api_key": "local"}]
+        judges = [
+            {
+                "name": "local",
+                "backend": "anthropic",
+                "model": "local-judge",
+                "base_url": f"http://127.0.0.1:{judge_port}",
+                "api_key": "local",
+            }
+        ]
         proxy = _start(
-            [sys.executable, "-m", "server.cli", "serve", "--upstream", vllm.base_url, "--port", str(proxy_port),
-             "--traces", str(work / "traces.jsonl"), "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "server.cli",
+                "serve",
+                "--upstream",
+                vllm.base_url,
+                "--port",
+                str(proxy_port),
+                "--traces",
+                str(work / "traces.jsonl"),
+                "--log-level",
+                "warning",
+            ],
             work / "proxy.log",
             env={"FAITHPROXY_JUDGES": json.dumps(judges), "FAITHPROXY_REGENERATION_TEMPERATURE": "0"},
         )

@@ -40,8 +40,10 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry, detectors: Iterable[str] = ()) -> None:
         self.registry = registry
         self.requests = Counter(
-            "faithproxy_requests_total", "Chat completion requests by mode, detector and HTTP status class.",
-            ["mode", "detector", "status"], registry=registry,
+            "faithproxy_requests_total",
+            "Chat completion requests by mode, detector and HTTP status class.",
+            ["mode", "detector", "status"],
+            registry=registry,
         )
         self.in_flight = Gauge(
             "faithproxy_requests_in_flight", "Chat completion requests being served.", registry=registry
@@ -49,58 +51,82 @@ class Metrics:
         self.steps = Counter(
             "faithproxy_steps_total",
             "Chain steps by kind, by the verdict their original text got, by detector and model.",
-            ["kind", "verdict", "detector", "model"], registry=registry,
+            ["kind", "verdict", "detector", "model"],
+            registry=registry,
         )
         self.residual = Counter(
             "faithproxy_residual_steps_total",
             "Perception steps delivered to the client still unfaithful or unchecked.",
-            ["detector", "model", "reason"], registry=registry,
+            ["detector", "model", "reason"],
+            registry=registry,
         )
         self.unchecked = Counter(
-            "faithproxy_unchecked_steps_total", "Perception steps that got no verdict, by reason.",
-            ["detector", "reason"], registry=registry,
+            "faithproxy_unchecked_steps_total",
+            "Perception steps that got no verdict, by reason.",
+            ["detector", "reason"],
+            registry=registry,
         )
         self.regeneration_attempts = Counter(
-            "faithproxy_regeneration_attempts_total", "Regeneration tries by outcome.",
-            ["outcome"], registry=registry,
+            "faithproxy_regeneration_attempts_total",
+            "Regeneration tries by outcome.",
+            ["outcome"],
+            registry=registry,
         )
         self.regeneration_outcomes = Counter(
             "faithproxy_regeneration_outcomes_total",
             "Regenerated steps by final outcome and the number of tries it took (Table 12 of the paper).",
-            ["outcome", "attempts"], registry=registry,
+            ["outcome", "attempts"],
+            registry=registry,
         )
         self.detector_latency = Histogram(
-            "faithproxy_detector_latency_seconds", "Wall time of one detector call (one batch).",
-            ["detector"], buckets=_LATENCY_BUCKETS, registry=registry,
+            "faithproxy_detector_latency_seconds",
+            "Wall time of one detector call (one batch).",
+            ["detector"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.detector_batch = Histogram(
-            "faithproxy_detector_batch_steps", "Steps sent to the detector in one call.",
-            ["detector"], buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=registry,
+            "faithproxy_detector_batch_steps",
+            "Steps sent to the detector in one call.",
+            ["detector"],
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+            registry=registry,
         )
         self.detector_errors = Counter(
-            "faithproxy_detector_errors_total", "Detector calls that failed, by reason.",
-            ["detector", "reason"], registry=registry,
+            "faithproxy_detector_errors_total",
+            "Detector calls that failed, by reason.",
+            ["detector", "reason"],
+            registry=registry,
         )
         self.upstream_errors = Counter(
-            "faithproxy_upstream_errors_total", "Failures talking to vLLM, by reason.",
-            ["reason"], registry=registry,
+            "faithproxy_upstream_errors_total",
+            "Failures talking to vLLM, by reason.",
+            ["reason"],
+            registry=registry,
         )
         self.request_duration = Histogram(
-            "faithproxy_request_duration_seconds", "Request duration as seen by the proxy.",
-            ["mode", "stream"], buckets=_DURATION_BUCKETS, registry=registry,
+            "faithproxy_request_duration_seconds",
+            "Request duration as seen by the proxy.",
+            ["mode", "stream"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
         )
         self.ttft = Histogram(
             "faithproxy_time_to_first_token_seconds",
             "Time from request to the first text byte sent to the client (streams).",
-            ["mode"], buckets=_DURATION_BUCKETS, registry=registry,
+            ["mode"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
         )
         self.verification_seconds = Counter(
             "faithproxy_verification_seconds_total",
             "Time spent waiting on verification (detector and regeneration) that delayed the client.",
-            ["mode"], registry=registry,
+            ["mode"],
+            registry=registry,
         )
         self.client_disconnects = Counter(
-            "faithproxy_client_disconnects_total", "Streams whose client went away before the end.",
+            "faithproxy_client_disconnects_total",
+            "Streams whose client went away before the end.",
             registry=registry,
         )
         self._preinit(list(detectors))

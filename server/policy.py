@@ -101,6 +101,10 @@ def policy_from_headers(
             code="invalid_header",
         )
     return RequestPolicy(
-        mode=mode, detector=detector, max_retries=max_retries, judge=judge, on_detector_error=on_error,
+        mode=mode,
+        detector=detector,
+        max_retries=max_retries,
+        judge=judge,
+        on_detector_error=on_error,
         annotate=annotate,
     )

@@ -92,9 +92,7 @@ class ChatServing:
             self._finish()
             raise
         if self.stream:
-            return StreamingResponse(
-                self._sse(first, events), media_type="text/event-stream", headers=self.headers
-            )
+            return StreamingResponse(self._sse(first, events), media_type="text/event-stream", headers=self.headers)
         return await self._collect(first, events)
 
     # ---- streams ------------------------------------------------------------------------------
@@ -218,9 +216,7 @@ class ChatServing:
                 await cm.__aexit__(None, None, None)
                 self._finish(status=upstream.status_code)
 
-        return StreamingResponse(
-            body(), status_code=upstream.status_code, headers=self._copy_headers(upstream.headers)
-        )
+        return StreamingResponse(body(), status_code=upstream.status_code, headers=self._copy_headers(upstream.headers))
 
     def _copy_headers(self, upstream_headers: Any) -> dict[str, str]:
         out = dict(self.headers)
@@ -235,8 +231,12 @@ class ChatServing:
         assert self.session is not None
         s = self.session
         return summarize(
-            s.steps, mode=self.policy.mode, detector=self.policy.detector,
-            regenerations=s.stats.regenerations, verification_s=s.stats.verification_s, rounds=s.stats.rounds,
+            s.steps,
+            mode=self.policy.mode,
+            detector=self.policy.detector,
+            regenerations=s.stats.regenerations,
+            verification_s=s.stats.verification_s,
+            rounds=s.stats.rounds,
         )
 
     def _finish(self, status: int | None = None) -> None:
@@ -295,4 +295,3 @@ async def _aclose(events: AsyncIterator[Emit]) -> None:
     aclose = getattr(events, "aclose", None)
     if aclose is not None:
         await aclose()
-

@@ -178,7 +178,7 @@ class ChainSession:
             # Items before a failure are still delivered (whole steps only); the error comes after them.
             failure = failure or next((i for i in pending if isinstance(i, RoundFailed)), None)
             if failure is not None and failure in pending:
-                del pending[pending.index(failure):]
+                del pending[pending.index(failure) :]
             ended = ended or self._take_end(pending, reader)
             if not pending:
                 if failure is not None:

@@ -119,35 +119,6 @@ def save(
     (out_dir / DIGEST_FILE).write_text(digest + "\n")
 
 
-# Everything whose change should rebuild the model: the fixture world, the prompt templates it was
-# trained on, and the code that builds and trains it.
-DIGEST_SOURCES = (
-    "tinyvlm/fixture_spec.py",
-    "tinyvlm/examples.py",
-    "tinyvlm/tokenizer.py",
-    "tinyvlm/build.py",
-    "tinyvlm/train_fixture.py",
-    "tinyvlm/hf_reference.py",
-    "regenerators/prompts.py",
-    "detectors/self_check_prompt.py",
-)
-
-
-def fixture_digest() -> str:
-    """sha256 over the sources in DIGEST_SOURCES and the library versions (compare with DIGEST_FILE)."""
-    import hashlib
-
-    import tokenizers
-    import transformers
-
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256(f"torch={torch.__version__} transformers={transformers.__version__}".encode())
-    h.update(f" tokenizers={tokenizers.__version__}".encode())
-    for rel in DIGEST_SOURCES:
-        h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def built_digest(model_dir: Path) -> str | None:
     path = Path(model_dir) / DIGEST_FILE
     return path.read_text().strip() if path.is_file() else None

@@ -82,7 +82,11 @@ def fixture_examples(fixture: spec.Fixture) -> list[Example]:
         verdict = FAITHFUL if sentence.faithful else UNFAITHFUL
         out.append(
             Example(
-                f"{name}/self_check/{i}", "self_check", name, self_check_messages(fixture, prefix, sentence.text), verdict
+                f"{name}/self_check/{i}",
+                "self_check",
+                name,
+                self_check_messages(fixture, prefix, sentence.text),
+                verdict,
             )
         )
     return out

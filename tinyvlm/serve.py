@@ -56,6 +56,11 @@ def vllm_command(model_dir: Path, port: int, served_model_name: str, extra_args:
         "--seed",
         "0",
         "--enable-prefix-caching",
+        # Prefix caching reuses whole KV blocks only. The CPU default block is 128 tokens, longer than
+        # the fixture prompts (54-180 tokens), so nothing would ever hit; 32 is the smallest the CPU
+        # attention kernel accepts (16 fails: "No common block size ... MultipleOf(32)").
+        "--block-size",
+        "32",
         # The weights are float32 and vLLM's CPU backend would downcast them to bfloat16: keep float32
         # so that its arithmetic stays close to transformers' (parity tests, hidden-state probes).
         "--dtype",

@@ -42,9 +42,7 @@ async def chat_completions(request: Request, state: StateDep) -> Response:
     raw = await request.body()
     try:
         body = _parse_body(raw)
-        policy = policy_from_headers(
-            request.headers, state.settings, detectors=state.detectors, judges=state.judges
-        )
+        policy = policy_from_headers(request.headers, state.settings, detectors=state.detectors, judges=state.judges)
         serving = ChatServing(state, policy, body, raw)
         return await serving.respond()
     except FaithproxyError as exc:

@@ -17,8 +17,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from detectors.self_check_prompt import parse_self_check
 from faithcore.segmenter import segment_text
-from shapesworld.claims import PERCEPTION, check_chain, check_chain_image
+from regenerators.prompts import parse_bracketed
+from shapesworld.claims import PERCEPTION, check_chain, check_chain_image, check_sentence
 from shapesworld.dataset import Item, generate_items
 from shapesworld.language import CountClaim, ObjectClaim, is_reasoning
 from shapesworld.model.corpus import HELDOUT_SEED
@@ -120,6 +122,17 @@ class Summary:
 
 def summarise(items: Sequence[Item], replies: Iterable[str]) -> Summary:
     return Summary([score_reply(item, reply) for item, reply in zip(items, replies, strict=True)])
+
+
+def regeneration_ok(scene: Any, reply: str) -> bool:
+    """The reply's bracketed sentence is a true perception sentence about the scene."""
+    sentence = parse_bracketed(reply)
+    return sentence is not None and check_sentence(sentence, scene.objects).faithful is True
+
+
+def self_check_ok(target: str, reply: str) -> bool:
+    """The reply's verdict is the target's (FAITHFUL / UNFAITHFUL)."""
+    return parse_self_check(reply) == (target == "FAITHFUL")
 
 
 def _ratio(a: int, b: int) -> float:

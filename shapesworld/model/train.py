@@ -27,15 +27,12 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from detectors.self_check_prompt import parse_self_check
-from regenerators.prompts import parse_bracketed
-from shapesworld.claims import check_sentence
 from shapesworld.model import config as cfg
 from shapesworld.model.corpus import (
     GENERATOR,
@@ -50,7 +47,7 @@ from shapesworld.model.corpus import (
     user_message,
 )
 from shapesworld.model.greedy import generate_in_batches
-from shapesworld.model.scoring import heldout_items, summarise
+from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
 from shapesworld.scenes import render
 from tinyvlm import build
 from tinyvlm.hf_reference import prompt_text
@@ -61,6 +58,7 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
 _TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK}
+OPTIMIZER_FILE = "optimizer.pt"
 
 
 @dataclass(frozen=True)
@@ -142,26 +140,20 @@ class HeldOut:
                 model, processor, [s.text for s in regen], [s.image() for s in regen], max_new_tokens=40
             )
             result["regeneration_correct"] = _ratio(
-                sum(_regeneration_ok(s, r) for s, r in zip(regen, replies, strict=True)), len(regen)
+                sum(regeneration_ok(s.scene, r) for s, r in zip(regen, replies, strict=True)), len(regen)
             )
             checks = self.aux[SELF_CHECK]
             replies = generate_in_batches(
                 model, processor, [s.text for s in checks], [s.image() for s in checks], max_new_tokens=4
             )
             result["self_check_accuracy"] = _ratio(
-                sum(parse_self_check(r) == (s.target == "FAITHFUL") for s, r in zip(checks, replies, strict=True)),
+                sum(self_check_ok(s.target, r) for s, r in zip(checks, replies, strict=True)),
                 len(checks),
             )
         finally:
             model.train(was_training)
         result["eval_seconds"] = round(time.monotonic() - started, 1)
         return result
-
-
-def _regeneration_ok(sample: Sample, reply: str) -> bool:
-    """The bracketed sentence is a true perception sentence about the scene."""
-    sentence = parse_bracketed(reply)
-    return sentence is not None and check_sentence(sentence, sample.scene.objects).faithful is True
 
 
 def _take(iterator: Any, n: int) -> list[Any]:
@@ -229,46 +221,64 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def train(
-    out: Path,
-    run: RunConfig,
-    seed: int,
-    minutes: float,
-    max_steps: int | None,
-    checkpoint_minutes: float,
-    checkpoint_steps: int | None,
-    command: str,
-) -> dict[str, Any]:
-    torch.set_num_threads(2)
+@dataclass(frozen=True)
+class Options:
+    """How long to run and where to save; none of it changes what a given step computes."""
+
+    seed: int = 0
+    minutes: float = 70.0
+    max_steps: int | None = None
+    checkpoint_minutes: float = 10.0
+    checkpoint_steps: int | None = None
+    threads: int = 1
+    resume: Path | None = None
+    command: str = ""
+
+
+def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
+    torch.set_num_threads(opts.threads)
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = shapesworld_tokenizer(run.tokenizer_items)
     processor = build.make_processor(tokenizer)
     size = cfg.SIZES[run.size]
-    model = cfg.build_model(tokenizer, size, seed)
+    model = cfg.build_model(tokenizer, size, opts.seed)
     n_params = cfg.count_parameters(model)
     heldout = HeldOut(run)
-    streams = {task: stream(task_seed(seed, task), task) for task in TASKS}
+    streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=(0.9, 0.98), weight_decay=run.weight_decay)
     digest = source_digest()
     report: dict[str, Any] = {
-        "command": command,
-        "seed": seed,
+        "command": opts.command,
+        "seed": opts.seed,
+        "threads": opts.threads,
         "run": run.__dict__,
         "size": size.to_dict(),
         "parameters": n_params,
         "band": list(BAND),
         "checkpoints": [],
     }
-    print(f"{n_params:,} parameters, vocab {len(tokenizer)}, setup {time.monotonic() - started:.0f}s", flush=True)
+    step, samples, train_seconds = 0, 0, 0.0
+    if opts.resume is not None:
+        info = _resume(opts.resume, opts.seed, model, optimizer)
+        step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
+        _fast_forward(streams, step, run.batch_size)
+        if (out / "eval.json").is_file():  # resuming in the same folder: keep the earlier results
+            earlier = json.loads((out / "eval.json").read_text())["checkpoints"]
+            report["checkpoints"] = [e for e in earlier if e["step"] <= step]
+        report["resumed_from"] = str(opts.resume)
+    print(
+        f"{n_params:,} parameters, vocab {len(tokenizer)}, from step {step}, setup {time.monotonic() - started:.0f}s",
+        flush=True,
+    )
 
     model.train()
-    samples, train_seconds, since_checkpoint, step = 0, 0.0, 0.0, 0
+    since_checkpoint = 0.0
     losses: dict[str, list[float]] = {t: [] for t in TASKS}
     while True:
         step += 1
         tick = time.monotonic()
-        task = _TASK_OF[CYCLE[(step - 1) % len(CYCLE)]]
+        task = task_of_step(step)
         batch = encode(processor, _take(streams[task], run.batch_size))
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, run)
@@ -284,7 +294,7 @@ def train(
         train_seconds += spent
         since_checkpoint += spent
         losses[task].append(loss.item())
-        if step % 50 == 0 or step == 1:
+        if step % 50 == 0:
             mean = {t: round(sum(v) / len(v), 4) for t, v in losses.items() if v}
             print(
                 f"step {step} samples {samples} loss {mean} lr {learning_rate(step, run):.2e} "
@@ -292,12 +302,18 @@ def train(
                 flush=True,
             )
             losses = {t: [] for t in TASKS}
-        out_of_time = time.monotonic() - started >= minutes * 60 or (max_steps is not None and step >= max_steps)
-        due = since_checkpoint >= checkpoint_minutes * 60 or (checkpoint_steps and step % checkpoint_steps == 0)
+        out_of_time = time.monotonic() - started >= opts.minutes * 60 or (
+            opts.max_steps is not None and step >= opts.max_steps
+        )
+        due = since_checkpoint >= opts.checkpoint_minutes * 60 or (
+            opts.checkpoint_steps and step % opts.checkpoint_steps == 0
+        )
         if due or out_of_time:
             since_checkpoint = 0.0
-            info = {"seed": seed, "step": step, "samples": samples, "train_seconds": round(train_seconds, 1)}
-            entry = _checkpoint(out, model, processor, digest, info | {"parameters": n_params, "size": run.size})
+            info = {"seed": opts.seed, "step": step, "samples": samples, "train_seconds": round(train_seconds, 1)}
+            entry = _checkpoint(
+                out, model, optimizer, processor, digest, info | {"parameters": n_params, "size": run.size}
+            )
             entry["heldout"] = heldout.evaluate(model, processor)
             report["checkpoints"].append(entry)
             print(f"checkpoint {entry['name']}: {json.dumps(entry['heldout'])}", flush=True)
@@ -309,9 +325,9 @@ def train(
     assert chosen is not None
     final = out / "final"
     shutil.rmtree(final, ignore_errors=True)
-    shutil.copytree(out / "checkpoints" / chosen["name"], final)
+    shutil.copytree(out / "checkpoints" / chosen["name"], final, ignore=shutil.ignore_patterns(OPTIMIZER_FILE))
     info = json.loads((final / "training_info.json").read_text())
-    info |= {"heldout_transformers": chosen["heldout"], "command": command, "heldout_seed": HELDOUT_SEED}
+    info |= {"heldout_transformers": chosen["heldout"], "command": opts.command, "heldout_seed": HELDOUT_SEED}
     _write_json(final / "training_info.json", info)
     report["chosen"] = chosen["name"]
     report["wall_seconds"] = round(time.monotonic() - started, 1)
@@ -320,12 +336,41 @@ def train(
     return report
 
 
-def _checkpoint(out: Path, model: Any, processor: Any, digest: str, info: dict[str, Any]) -> dict[str, Any]:
+def task_of_step(step: int) -> str:
+    return _TASK_OF[CYCLE[(step - 1) % len(CYCLE)]]
+
+
+def _fast_forward(streams: dict[str, Any], steps: int, batch_size: int) -> None:
+    """Skips the samples that steps 1..`steps` drew, so a resumed run sees what the whole run would."""
+    for s in range(1, steps + 1):
+        _take(streams[task_of_step(s)], batch_size)
+
+
+def _resume(path: Path, seed: int, model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Loads a checkpoint's weights (and optimizer state, when it was saved); returns its info."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    info = json.loads((path / "training_info.json").read_text())
+    if info["seed"] != seed:
+        raise SystemExit(f"{path} was trained with --seed {info['seed']}, not {seed}")
+    saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    model.load_state_dict(saved.state_dict())
+    if (path / OPTIMIZER_FILE).is_file():
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+    else:
+        print(f"{path} has no {OPTIMIZER_FILE}: AdamW's moments start again from zero", flush=True)
+    return info
+
+
+def _checkpoint(
+    out: Path, model: Any, optimizer: torch.optim.Optimizer, processor: Any, digest: str, info: dict[str, Any]
+) -> dict[str, Any]:
     name = f"step-{info['step']:06d}"
     path = out / "checkpoints" / name
     shutil.rmtree(path, ignore_errors=True)
     model.eval()
     build.save(model, processor, path, digest, info)
+    torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)  # for --resume; never copied to final
     model.train()
     return {"name": name, **info}
 
@@ -340,28 +385,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--minutes", type=float, default=70.0, help="wall-time budget of the training loop")
+    parser.add_argument("--minutes", type=float, default=70.0, help="wall-time budget of this run")
     parser.add_argument("--max-steps", type=int, help="stop after this step (reproduces a checkpoint)")
     parser.add_argument("--checkpoint-minutes", type=float, default=10.0, help="training time between checkpoints")
     parser.add_argument("--checkpoint-steps", type=int, help="also checkpoint every this many steps")
+    parser.add_argument("--resume", type=Path, help="a checkpoint folder to continue from (same seed)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, tiny steps: for CI")
+    # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
+    # waits at barriers for a core; two threads only pay off on idle cores.
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    command = "python -m shapesworld.model.train " + " ".join(sys.argv[1:] if argv is None else argv)
+    opts = Options(
+        seed=args.seed,
+        minutes=args.minutes,
+        max_steps=args.max_steps,
+        checkpoint_minutes=args.checkpoint_minutes,
+        checkpoint_steps=args.checkpoint_steps,
+        threads=args.threads,
+        resume=args.resume,
+        command="python -m shapesworld.model.train " + " ".join(sys.argv[1:] if argv is None else argv),
+    )
     if args.smoke:
-        report = train(
-            args.out, SMOKE, args.seed, args.minutes, args.max_steps or 6, 1e9, args.checkpoint_steps or 3, command
+        opts = replace(
+            opts, max_steps=args.max_steps or 6, checkpoint_minutes=1e9, checkpoint_steps=opts.checkpoint_steps or 3
         )
-    else:
-        report = train(
-            args.out,
-            RunConfig(),
-            args.seed,
-            args.minutes,
-            args.max_steps,
-            args.checkpoint_minutes,
-            args.checkpoint_steps,
-            command,
-        )
+    report = train(args.out, SMOKE if args.smoke else RunConfig(), opts)
     return 0 if report.get("chosen") else 1
 
 

@@ -39,7 +39,7 @@ def test_qwen_chain() -> None:
             "The image shows a red car parked at 3.5 m from the curb, e.g. near Fig. 2's marker.",
             " The image shows a red car parked at 3.5 m from the curb, e.g. near Fig. 2's marker.",
         ),
-        ("Dr. Smith's sign reads \"STOP.\"", " Dr. Smith's sign reads \"STOP.\""),
+        ('Dr. Smith\'s sign reads "STOP."', ' Dr. Smith\'s sign reads "STOP."'),
         ("Wait... the car is actually blue?", " Wait... the car is actually blue?"),
         ("Let me compute $x = 3.5 \\cdot 2$.", " Let me compute $x = 3.5 \\cdot 2$."),
         ("So x = 7.", " So x = 7."),
@@ -84,7 +84,7 @@ def test_qwen_chain_fed_token_by_token_emits_steps_while_streaming() -> None:
         ("Cats, dogs, etc. are here. Birds too.", ["Cats, dogs, etc. are here.", "Birds too."]),
         ("Cats, dogs, etc. The end.", ["Cats, dogs, etc.", "The end."]),
         ("It is approx. 3 m wide. Ok.", ["It is approx. 3 m wide.", "Ok."]),
-        ("It says \"STOP.\" Then it ends.", ["It says \"STOP.\"", "Then it ends."]),
+        ('It says "STOP." Then it ends.', ['It says "STOP."', "Then it ends."]),
         ("It says \u201cSTOP.\u201d Then it ends.", ["It says \u201cSTOP.\u201d", "Then it ends."]),
         ("(See the left side.) The right is empty.", ["(See the left side.)", "The right is empty."]),
         ("Wait... the car is blue.", ["Wait... the car is blue."]),
@@ -94,6 +94,10 @@ def test_qwen_chain_fed_token_by_token_emits_steps_while_streaming() -> None:
         ("Is it red? No. It is blue!", ["Is it red?", "No.", "It is blue!"]),
         ("The answer is B. Cats are not shown.", ["The answer is B.", "Cats are not shown."]),
         ("Step 2. Then we stop.", ["Step 2.", "Then we stop."]),
+        (
+            "It is 5 p.m. in the photo. At 6 p.m. The sun sets.",
+            ["It is 5 p.m. in the photo.", "At 6 p.m.", "The sun sets."],
+        ),
         ("**Step 1.** Identify the shapes.", ["**Step 1.**", "Identify the shapes."]),
         ("No end here", ["No end here"]),
     ],
@@ -133,8 +137,12 @@ def test_latex_is_never_split(text: str, expected: list[str]) -> None:
         ("Options:\nA. red\nB. blue\n(C) green", ["Options:", "A. red", "B. blue", "(C) green"]),
         ("Nested:\n  - inner item", ["Nested:", "- inner item"]),
         ("1. First item. It has two parts.", ["1. First item.", "It has two parts."]),
-        ("Not a list:\n-3 is negative.", ["Not a list:\n-3 is negative."]),
+        ("Not a list\n-3 is negative.", ["Not a list\n-3 is negative."]),
         ("Value\n3.5 cm.", ["Value\n3.5 cm."]),
+        ("**Step 1: Look**\nThe cube is red.", ["**Step 1: Look**", "The cube is red."]),
+        ("Let me count:\nThere are two.", ["Let me count:", "There are two."]),
+        ("## Shapes\nThe cube is red.\n### Colours", ["## Shapes", "The cube is red.", "### Colours"]),
+        ("Not #1 heading\nhere.", ["Not #1 heading\nhere."]),
     ],
 )
 def test_blocks(text: str, expected: list[str]) -> None:
@@ -248,6 +256,7 @@ _PIECES = [
     "3.5", "7.", "2", "e.g.", "i.e.", "etc.", "Fig.", "Dr.", "Mr.", "vs.", "No.", "approx.", "B.",
     "\"STOP.\"", "\u201cGo.\u201d", "(see left.)", "'", "\"", ")", "<think>", "</think>", "<think>\n",
     "\n</think>\n\n", "<", "</", "\n- ", "\n* ", "\n1. ", "\n2) ", "\n(A) ", "\nA. ", "\n  - ", "$x = 3.5$",
+    "\n## ", "#", ":", ":\n", "**\n", "p.m.",
     "$a. B$", "$$a. B$$", "\\(a. B\\)", "\\[x. Y\\]", "$", "$$", "\\", "$5", "$3.50", "\\$", "**", "\t",
 ]  # fmt: skip
 _realistic = st.lists(st.sampled_from(_WORDS + _PIECES), max_size=60).map(" ".join) | st.lists(

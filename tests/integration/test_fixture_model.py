@@ -7,6 +7,7 @@ verdicts; and parity: vLLM's greedy text equals transformers' greedy `generate` 
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,7 @@ def complete(client: Any, model: str, messages: list[dict[str, Any]], **kwargs: 
     """Greedy completion text; a trailing assistant message is continued, as the proxy does."""
     if messages[-1]["role"] == "assistant":
         kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
-    response = client.chat.completions.create(
-        model=model, messages=messages, temperature=0, max_tokens=200, **kwargs
-    )
+    response = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=200, **kwargs)
     return response.choices[0].message.content or ""
 
 
@@ -124,6 +123,24 @@ def test_streamed_equals_non_streamed(client: Any, vllm_server: Any) -> None:
         assert streamed == complete(client, vllm_server.model, messages)
 
 
+def _prefix_cache_hits(base_url: str) -> float:
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total")
+    )
+
+
+def test_continuation_reuses_cached_prefix(client: Any, vllm_server: Any) -> None:
+    """With 32-token KV blocks the continuation hits the blocks its chain request left in the cache."""
+    fixture = spec.get("square_and_circle")
+    assert fixture.correction is not None
+    complete(client, vllm_server.model, ex.question_messages(fixture))
+    before = _prefix_cache_hits(vllm_server.base_url)
+    complete(client, vllm_server.model, ex.continuation_messages(fixture, fixture.correction.sentence.text))
+    assert _prefix_cache_hits(vllm_server.base_url) - before >= 32
+
+
 # --- parity with transformers -------------------------------------------------------------------------
 
 
@@ -144,14 +161,14 @@ def test_prompt_tokens_match_transformers(client: Any, vllm_server: Any, hf_mode
 
     _, processor = hf_model
     for example in ALL_EXAMPLES:
-        extra: dict[str, Any] = {"max_tokens": 1}
+        extra_body: dict[str, Any] = {"return_token_ids": True}
         if example.continue_final_message:
-            extra["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
+            extra_body |= {"continue_final_message": True, "add_generation_prompt": False}
         response = client.chat.completions.create(
-            model=vllm_server.model, messages=example.messages, temperature=0, **extra
+            model=vllm_server.model, messages=example.messages, temperature=0, max_tokens=1, extra_body=extra_body
         )
-        expected = encode_prompt(processor, example)["input_ids"].shape[1]
-        assert response.usage.prompt_tokens == expected, example.key
+        expected = encode_prompt(processor, example)["input_ids"][0].tolist()
+        assert response.model_dump()["prompt_token_ids"] == expected, example.key
 
 
 @pytest.mark.parametrize("task", ["chain", "regeneration", "continuation", "self_check"])

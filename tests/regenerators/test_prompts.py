@@ -8,7 +8,9 @@ from regenerators.prompts import build_regeneration_prompt, parse_bracketed
 
 
 def test_prompt_carries_question_prefix_and_flagged_step() -> None:
-    prompt = build_regeneration_prompt("What colour is the car?", ["The image shows a car.", "It is parked."], "The car is blue.")
+    prompt = build_regeneration_prompt(
+        "What colour is the car?", ["The image shows a car.", "It is parked."], "The car is blue."
+    )
     assert "What colour is the car?" in prompt
     assert "The image shows a car.\nIt is parked." in prompt
     assert "The car is blue." in prompt

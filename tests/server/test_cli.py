@@ -6,12 +6,16 @@ import sys
 
 from faithcore.segmenter import segment_text
 
-CHAIN = "<think>\nThe image shows a red car, e.g. a sedan. It is 3.5 m long.\n\n1. First item.\n</think>\n\nThe answer is B."
+CHAIN = (
+    "<think>\nThe image shows a red car, e.g. a sedan. It is 3.5 m long.\n\n1. First item.\n</think>\n\n"
+    "The answer is B."
+)
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "server.cli", *args], input=stdin, capture_output=True, text=True, timeout=60, check=True
+    )
 
 
 def test_segment_prints_one_json_object_per_step_like_the_server() -> None:
@@ -19,11 +23,20 @@ def test_segment_prints_one_json_object_per_step_like_the_server() -> None:
     expected = [s.text for s in segment_text(CHAIN) if s.text]
     assert [line["text"] for line in lines] == expected
     assert [line["index"] for line in lines] == list(range(len(expected)))
-    assert expected == ["The image shows a red car, e.g. a sedan.", "It is 3.5 m long.", "1. First item.",
-                        "The answer is B."]
+    assert expected == [
+        "The image shows a red car, e.g. a sedan.",
+        "It is 3.5 m long.",
+        "1. First item.",
+        "The answer is B.",
+    ]
 
 
 def test_detectors_lists_registry() -> None:
     rows = {line.split()[0]: line.split()[1] for line in run("detectors").stdout.splitlines()}
-    assert rows == {"judge": "available", "prompt": "available", "none": "available", "probe": "planned",
-                    "cascade": "planned"}
+    assert rows == {
+        "judge": "available",
+        "prompt": "available",
+        "none": "available",
+        "probe": "planned",
+        "cascade": "planned",
+    }

@@ -3,9 +3,9 @@
 import json
 
 from clients.sse import SSEDecoder
+from faithcore.errors import DetectorError
 from server.errors import error_frame
 from server.sse import DONE, ChunkFactory, frame
-from faithcore.errors import DetectorError
 
 
 def test_chunks_share_id_and_carry_role_once() -> None:
@@ -26,6 +26,10 @@ def test_frames_decode_back() -> None:
     wire = frame(chunk) + error_frame(DetectorError("judge down", code="timeout")) + DONE
     events = SSEDecoder().feed(wire.decode())
     assert json.loads(events[0]) == chunk
-    assert json.loads(events[1])["error"] == {"message": "judge down", "type": "detector_error", "param": None,
-                                              "code": "timeout"}
+    assert json.loads(events[1])["error"] == {
+        "message": "judge down",
+        "type": "detector_error",
+        "param": None,
+        "code": "timeout",
+    }
     assert events[2] == "[DONE]"

@@ -25,14 +25,20 @@ def sse(*objs: object, done: bool = True) -> bytes:
 
 
 def delta(text: str, finish: str | None = None) -> dict:
-    return {"id": "u1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    return {
+        "id": "u1",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+    }
 
 
 @contextlib.asynccontextmanager
 async def serve(handler: Callable[[httpx.Request], httpx.Response], tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     trace = tmp_path / "t.jsonl"
-    app = create_app(Settings(upstream_url="http://vllm.test", trace_path=str(trace)),
-                     upstream_transport=httpx.MockTransport(handler))
+    app = create_app(
+        Settings(upstream_url="http://vllm.test", trace_path=str(trace)),
+        upstream_transport=httpx.MockTransport(handler),
+    )
     async with running_app(app) as url:
         yield url, trace
 
@@ -46,8 +52,9 @@ def frames(text: str) -> list[str]:
     return [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
 
 
-async def run(handler: Callable[[httpx.Request], httpx.Response], tmp: Path, body: dict | None = None,
-              headers: dict | None = None) -> tuple[httpx.Response, list[dict], str]:
+async def run(
+    handler: Callable[[httpx.Request], httpx.Response], tmp: Path, body: dict | None = None, headers: dict | None = None
+) -> tuple[httpx.Response, list[dict], str]:
     async with serve(handler, tmp) as (url, trace):
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=body or BODY, headers=headers or HEADERS)
@@ -58,8 +65,11 @@ async def run(handler: Callable[[httpx.Request], httpx.Response], tmp: Path, bod
 
 async def test_stream_cut_mid_way_ends_with_error_frame_and_done(tmp: Path) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=sse(delta("The image shows a cat. "), delta("It is black. It sits"), done=False),
-                              headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200,
+            content=sse(delta("The image shows a cat. "), delta("It is black. It sits"), done=False),
+            headers={"content-type": "text/event-stream"},
+        )
 
     response, records, metrics = await run(handler, tmp)
     data = frames(response.text)
@@ -74,8 +84,11 @@ async def test_stream_cut_mid_way_ends_with_error_frame_and_done(tmp: Path) -> N
 
 async def test_malformed_json_in_stream(tmp: Path) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=sse(delta("One. Two. ")) .replace(b"[DONE]", b"{not json"),
-                              headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200,
+            content=sse(delta("One. Two. ")).replace(b"[DONE]", b"{not json"),
+            headers={"content-type": "text/event-stream"},
+        )
 
     response, records, metrics = await run(handler, tmp)
     data = frames(response.text)
@@ -86,8 +99,17 @@ async def test_malformed_json_in_stream(tmp: Path) -> None:
 
 async def test_upstream_http_error_before_first_byte_is_passed_on(tmp: Path) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(404, json={"error": {"message": "The model `m` does not exist.", "type": "NotFoundError",
-                                                   "param": None, "code": 404}})
+        return httpx.Response(
+            404,
+            json={
+                "error": {
+                    "message": "The model `m` does not exist.",
+                    "type": "NotFoundError",
+                    "param": None,
+                    "code": 404,
+                }
+            },
+        )
 
     response, records, _ = await run(handler, tmp)
     assert response.status_code == 404
@@ -127,11 +149,23 @@ async def test_unknown_fields_are_forwarded_untouched(tmp: Path) -> None:
         (json.dumps({"model": "m", "messages": []}).encode(), HEADERS, "messages"),
         (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), HEADERS, "model"),
         (json.dumps(BODY).encode(), {"x-faithproxy-mode": "bogus"}, "x-faithproxy-mode"),
-        (json.dumps({**BODY, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}).encode(), HEADERS, "messages"),
+        (
+            json.dumps(
+                {
+                    **BODY,
+                    "messages": [
+                        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}
+                    ],
+                }
+            ).encode(),
+            HEADERS,
+            "messages",
+        ),
     ],
 )
-async def test_bad_input_is_400_and_nothing_goes_upstream(body: bytes, headers: dict, param: str | None, tmp: Path) -> None:
+async def test_bad_input_is_400_and_nothing_goes_upstream(
+    body: bytes, headers: dict, param: str | None, tmp: Path
+) -> None:
     calls: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -140,8 +174,9 @@ async def test_bad_input_is_400_and_nothing_goes_upstream(body: bytes, headers: 
 
     async with serve(handler, tmp) as (url, _):
         async with httpx.AsyncClient() as http:
-            response = await http.post(f"{url}/v1/chat/completions", content=body,
-                                       headers={"content-type": "application/json", **headers})
+            response = await http.post(
+                f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json", **headers}
+            )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param

@@ -1,0 +1,110 @@
+"""The ShapesWorld model's training data, held-out set and scoring (no torch needed)."""
+
+import itertools
+
+import pytest
+
+from shapesworld.chains import hallucinated_chain, reference_chain
+from shapesworld.model.corpus import (
+    GENERATOR,
+    HELDOUT_SEED,
+    REGENERATION,
+    SELF_CHECK,
+    TASKS,
+    stream,
+    task_seed,
+    tokenizer_texts,
+    user_message,
+)
+from shapesworld.model.scoring import heldout_items, regeneration_ok, score_reply, self_check_ok, summarise
+from shapesworld.questions import QTYPES
+
+
+def take(task: str, n: int, seed: int = 0):
+    return list(itertools.islice(stream(task_seed(seed, task), task), n))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_streams_are_deterministic_and_keep_their_task(task):
+    a, b = take(task, 12), take(task, 12)
+    assert a == b
+    assert all(s.task == task for s in a)
+    assert len({s.scene.index for s in a}) == len(a)  # consecutive samples are different scenes
+
+
+def test_training_seeds_never_reach_the_heldout_or_tokenizer_seed():
+    seeds = {task_seed(seed, task) for seed in range(1000) for task in TASKS}
+    assert len(seeds) == 3000
+    assert HELDOUT_SEED not in seeds
+    with pytest.raises(ValueError):
+        task_seed(-1, GENERATOR)
+
+
+def test_generator_targets_are_reference_chains_and_aux_targets_have_their_shape():
+    for sample in take(GENERATOR, 20):
+        assert sample.target.startswith("<think>\n") and sample.target.rstrip(".")[-1] in "ABCD"
+    assert all(s.target.startswith("[") and s.target.endswith("]") for s in take(REGENERATION, 10))
+    verdicts = {s.target for s in take(SELF_CHECK, 40)}
+    assert verdicts == {"FAITHFUL", "UNFAITHFUL"}
+
+
+def test_image_placeholder_renders_like_an_image_url():
+    """Training renders a placeholder image part; vLLM's callers send an image_url: same prompt text."""
+    jinja2 = pytest.importorskip("jinja2")
+    pytest.importorskip("tokenizers")  # tinyvlm.tokenizer, which holds the template, needs it
+    from tinyvlm.tokenizer import CHAT_TEMPLATE
+
+    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
+    a = template.render(messages=[user_message("Q?")], add_generation_prompt=True)
+    b = template.render(messages=[user_message("Q?", "data:image/png;base64,AAAA")], add_generation_prompt=True)
+    assert a == b and "<|vision_start|><|image_pad|><|vision_end|>Q?" in a
+
+
+def test_tokenizer_corpus_holds_every_task():
+    texts = tokenizer_texts(20)
+    assert any(t.startswith("<think>") for t in texts)
+    assert any(t.startswith("You are checking") for t in texts)
+    assert "FAITHFUL" in texts and "UNFAITHFUL" in texts
+
+
+def test_heldout_set_covers_every_question_type_equally():
+    items = heldout_items(25)
+    assert [i.question.qtype for i in items[:5]] == list(QTYPES)
+    assert all(i.scene.seed == HELDOUT_SEED for i in items)
+
+
+def test_reference_chains_score_perfectly():
+    items = heldout_items(50)
+    summary = summarise(items, [reference_chain(i.scene, i.question).text() for i in items]).to_dict()
+    assert summary["perception_error_rate"] == 0.0 and summary["judge_error_rate"] == 0.0
+    assert summary["accuracy"] == 1.0 and summary["min_accuracy"] == 1.0
+    assert summary["well_formed"] == 1.0 and summary["unparsed_steps"] == 0
+    assert summary["perception_steps"] == sum(1 + len(i.scene.objects) for i in items)
+
+
+def test_hallucinated_chains_are_scored_as_their_labels_say():
+    import random
+
+    for item in heldout_items(40):
+        hallucination = hallucinated_chain(item.scene, item.question, random.Random(item.id))
+        if hallucination is None:
+            continue
+        chain = hallucination.chain
+        score = score_reply(item, chain.text())
+        assert score.perception_errors == sum(s.faithful is False for s in chain.steps) >= 1
+        assert score.judge_errors == score.perception_errors
+        assert score.correct == (chain.answer == item.question.gold_letter)
+
+
+def test_malformed_replies_count_as_wrong_and_unparsed():
+    item = heldout_items(1)[0]
+    score = score_reply(item, "<think>\nThere is a blorp. So it is.\n</think>\n\nI do not know.")
+    assert score.unparsed == 2 and score.perception_steps == 0  # "There is a blorp." and the last line
+    assert not score.correct and not score.well_formed and score.answer is None
+
+
+def test_auxiliary_replies_are_checked_against_the_scene():
+    sample = take(REGENERATION, 1)[0]
+    assert regeneration_ok(sample.scene, sample.target)
+    assert not regeneration_ok(sample.scene, "no brackets")
+    assert self_check_ok("FAITHFUL", "FAITHFUL") and not self_check_ok("UNFAITHFUL", "FAITHFUL")

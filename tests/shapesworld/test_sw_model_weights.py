@@ -1,0 +1,43 @@
+"""The committed ShapesWorld model loads in transformers and answers held-out scenes with well-formed
+chains; its training record says how it was made."""
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from shapesworld.model import WEIGHTS_DIR  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not (WEIGHTS_DIR / "config.json").is_file(), reason="no committed weights")
+
+MAX_BYTES = 30 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def model_and_processor():
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(WEIGHTS_DIR, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(WEIGHTS_DIR)
+
+
+def test_weights_are_small_and_documented():
+    assert sum(p.stat().st_size for p in WEIGHTS_DIR.iterdir()) <= MAX_BYTES
+    info = json.loads((WEIGHTS_DIR / "training_info.json").read_text())
+    assert {"seed", "step", "command", "heldout_transformers"} <= set(info)
+
+
+def test_answers_heldout_scenes_with_well_formed_chains(model_and_processor):
+    from shapesworld.model.greedy import generate_one
+    from shapesworld.model.scoring import heldout_items, score_reply
+    from shapesworld.scenes import render
+
+    model, processor = model_and_processor
+    scores = [
+        score_reply(item, generate_one(model, processor, item.question.prompt, render(item.scene)))
+        for item in heldout_items(5)  # one of each question type
+    ]
+    assert all(s.well_formed and s.perception_steps >= 2 for s in scores), [s.reply for s in scores]
