@@ -61,6 +61,9 @@ class Detector(abc.ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # True when the detector types steps itself (the judge does): the session then sends it every new
+    # step, so that a step the keyword heuristic mistook for reasoning is still checked.
+    types_steps: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:

@@ -69,6 +69,7 @@ class JudgeDetector(Detector):
 
     name: ClassVar[str] = "judge"
     description: ClassVar[str] = "an auxiliary VLM judges the partial chain against the image"
+    types_steps: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -82,6 +82,13 @@ _IMAGE = re.compile(
     re.IGNORECASE,
 )
 
+# A claim about one particular thing ("The shape is a triangle.", "It is a dog."): a definite subject
+# with a copula. General knowledge uses an indefinite or plural subject and is caught by _GENERIC.
+_SPECIFIC_OBJECT = re.compile(
+    r"(?:the|this|that|it|they|these|those)\b[^.;:]{0,40}?\b(?:is|are|was|were)\s+(?:a|an|the|not|no|one|two|three)\b",
+    re.IGNORECASE,
+)
+
 _NUMBER = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|several|many|a few)"
 _PERCEPTION = re.compile(
     "|".join(
@@ -128,6 +135,6 @@ def classify_step(text: str) -> StepKind:
         return StepKind.REASONING
     if _GENERIC.match(body) and not _IMAGE.search(body):
         return StepKind.REASONING
-    if _PERCEPTION.search(body):
+    if _PERCEPTION.search(body) or _SPECIFIC_OBJECT.match(body):
         return StepKind.PERCEPTION
     return StepKind.REASONING

@@ -82,7 +82,8 @@ def _print_stream(client: Any, model: str, fixture: str) -> dict[str, Any]:
         extra = (chunk.model_extra or {}).get("faithfulness") or {}
         step = extra.get("step")
         if step:
-            text = chunk.choices[0].delta.content.strip() if chunk.choices[0].delta.content else ""
+            raw = chunk.choices[0].delta.content or ""
+            text = raw.replace("<think>", "").replace("</think>", "").strip()
             if step["regenerated"]:
                 mark = f"FIXED after {step['attempts']} try(s) (was: {step['original_text']!r})"
             elif step["residual"]:

@@ -265,8 +265,8 @@ class ChainSession:
 
     async def _verify(self, new_steps: list[Step]) -> Step | None:
         """Sets verdicts on `new_steps`; returns the first unfaithful perception step, if any."""
-        if not any(s.kind is StepKind.PERCEPTION for s in new_steps):
-            return None
+        if not self.detector.types_steps and not any(s.kind is StepKind.PERCEPTION for s in new_steps):
+            return None  # nothing this detector would look at
         verdicts = await self._check(new_steps)
         if verdicts is None:
             return None

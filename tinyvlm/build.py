@@ -112,9 +112,9 @@ def save(
     """Writes a model directory that both transformers and vLLM load; `digest` marks what built it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
+    # tokenizer.json, tokenizer_config.json, chat_template.jinja and processor_config.json (transformers 5
+    # keeps the image processor's settings there; there is no preprocessor_config.json).
     processor.save_pretrained(out_dir)
-    # vLLM reads the chat template from the tokenizer as well as from the processor: keep both.
-    processor.tokenizer.save_pretrained(out_dir)
     (out_dir / "training_info.json").write_text(json.dumps(info or {}, indent=2, sort_keys=True) + "\n")
     (out_dir / DIGEST_FILE).write_text(digest + "\n")
 

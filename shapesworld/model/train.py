@@ -47,8 +47,9 @@ from shapesworld.model.corpus import (
     user_message,
 )
 from shapesworld.model.greedy import generate_in_batches
+from shapesworld.model.probe import CellProbe, VisionTap
 from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
-from shapesworld.scenes import render
+from shapesworld.scenes import DEFAULT_SIZE, render
 from tinyvlm import build
 from tinyvlm.hf_reference import prompt_text
 from tinyvlm.train_fixture import IGNORE, Batch
@@ -58,7 +59,7 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
 _TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK}
-OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class RunConfig:
     heldout_aux: int = 40  # held-out regeneration and self-check examples per evaluation
     tokenizer_items: int = 3000
     max_new_tokens: int = 160
+    probe_weight: float = 1.0  # the cell probe's loss next to the chain loss (see `probe`)
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -200,6 +202,7 @@ DIGEST_SOURCES = (
     "shapesworld/dataset.py",
     "shapesworld/model/corpus.py",
     "shapesworld/model/config.py",
+    "shapesworld/model/probe.py",
     "shapesworld/model/train.py",
     "tinyvlm/tokenizer.py",
     "tinyvlm/build.py",
@@ -246,7 +249,11 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     n_params = cfg.count_parameters(model)
     heldout = HeldOut(run)
     streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=(0.9, 0.98), weight_decay=run.weight_decay)
+    probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
+    tap = VisionTap(model)
+    optimizer = torch.optim.AdamW(
+        [*model.parameters(), *probe.parameters()], lr=run.lr, betas=(0.9, 0.98), weight_decay=run.weight_decay
+    )
     digest = source_digest()
     report: dict[str, Any] = {
         "command": opts.command,
@@ -260,7 +267,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     }
     step, samples, train_seconds = 0, 0, 0.0
     if opts.resume is not None:
-        info = _resume(opts.resume, opts.seed, model, optimizer)
+        info = _resume(opts.resume, opts.seed, model, probe, optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run.batch_size)
         if (out / "eval.json").is_file():  # resuming in the same folder: keep the earlier results
@@ -274,26 +281,31 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
 
     model.train()
     since_checkpoint = 0.0
-    losses: dict[str, list[float]] = {t: [] for t in TASKS}
+    losses: dict[str, list[float]] = {t: [] for t in (*TASKS, "probe", "probe_cells_right")}
     while True:
         step += 1
         tick = time.monotonic()
         task = task_of_step(step)
-        batch = encode(processor, _take(streams[task], run.batch_size))
+        samples_now = _take(streams[task], run.batch_size)
+        batch = encode(processor, samples_now)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, run)
         logits = model(**batch.tensors, use_cache=False).logits
         mask = batch.labels != IGNORE
         loss = torch.nn.functional.cross_entropy(logits[mask].float(), batch.labels[mask])
+        assert tap.features is not None
+        probe_loss, cells_right = probe.loss(tap.features, [s.scene for s in samples_now])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (loss + run.probe_weight * probe_loss).backward()
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), *probe.parameters()], 1.0)
         optimizer.step()
         samples += run.batch_size
         spent = time.monotonic() - tick
         train_seconds += spent
         since_checkpoint += spent
         losses[task].append(loss.item())
+        losses["probe"].append(probe_loss.item())
+        losses["probe_cells_right"].append(cells_right)
         if step % 50 == 0:
             mean = {t: round(sum(v) / len(v), 4) for t, v in losses.items() if v}
             print(
@@ -301,7 +313,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
                 f"{samples / train_seconds:.1f} samples/s wall {time.monotonic() - started:.0f}s",
                 flush=True,
             )
-            losses = {t: [] for t in TASKS}
+            losses = {t: [] for t in losses}
         out_of_time = time.monotonic() - started >= opts.minutes * 60 or (
             opts.max_steps is not None and step >= opts.max_steps
         )
@@ -312,7 +324,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
             since_checkpoint = 0.0
             info = {"seed": opts.seed, "step": step, "samples": samples, "train_seconds": round(train_seconds, 1)}
             entry = _checkpoint(
-                out, model, optimizer, processor, digest, info | {"parameters": n_params, "size": run.size}
+                out, model, probe, optimizer, processor, digest, info | {"parameters": n_params, "size": run.size}
             )
             entry["heldout"] = heldout.evaluate(model, processor)
             report["checkpoints"].append(entry)
@@ -325,7 +337,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     assert chosen is not None
     final = out / "final"
     shutil.rmtree(final, ignore_errors=True)
-    shutil.copytree(out / "checkpoints" / chosen["name"], final, ignore=shutil.ignore_patterns(OPTIMIZER_FILE))
+    shutil.copytree(out / "checkpoints" / chosen["name"], final, ignore=shutil.ignore_patterns(STATE_FILE))
     info = json.loads((final / "training_info.json").read_text())
     info |= {"heldout_transformers": chosen["heldout"], "command": opts.command, "heldout_seed": HELDOUT_SEED}
     _write_json(final / "training_info.json", info)
@@ -346,8 +358,8 @@ def _fast_forward(streams: dict[str, Any], steps: int, batch_size: int) -> None:
         _take(streams[task_of_step(s)], batch_size)
 
 
-def _resume(path: Path, seed: int, model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Loads a checkpoint's weights (and optimizer state, when it was saved); returns its info."""
+def _resume(path: Path, seed: int, model: Any, probe: CellProbe, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Loads a checkpoint's weights, probe and optimizer state; returns its info."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     info = json.loads((path / "training_info.json").read_text())
@@ -355,22 +367,27 @@ def _resume(path: Path, seed: int, model: Any, optimizer: torch.optim.Optimizer)
         raise SystemExit(f"{path} was trained with --seed {info['seed']}, not {seed}")
     saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
     model.load_state_dict(saved.state_dict())
-    if (path / OPTIMIZER_FILE).is_file():
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
-    else:
-        print(f"{path} has no {OPTIMIZER_FILE}: AdamW's moments start again from zero", flush=True)
+    state = torch.load(path / STATE_FILE, weights_only=True)
+    probe.load_state_dict(state["probe"])
+    optimizer.load_state_dict(state["optimizer"])
     return info
 
 
 def _checkpoint(
-    out: Path, model: Any, optimizer: torch.optim.Optimizer, processor: Any, digest: str, info: dict[str, Any]
+    out: Path,
+    model: Any,
+    probe: CellProbe,
+    optimizer: torch.optim.Optimizer,
+    processor: Any,
+    digest: str,
+    info: dict[str, Any],
 ) -> dict[str, Any]:
     name = f"step-{info['step']:06d}"
     path = out / "checkpoints" / name
     shutil.rmtree(path, ignore_errors=True)
     model.eval()
     build.save(model, processor, path, digest, info)
-    torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)  # for --resume; never copied to final
+    torch.save({"optimizer": optimizer.state_dict(), "probe": probe.state_dict()}, path / STATE_FILE)
     model.train()
     return {"name": name, **info}
 

@@ -6,6 +6,8 @@ from faithcore.kinds import classify_step
 from faithcore.types import StepKind
 
 PERCEPTION = [
+    "The shape is a triangle.",
+    "It is a dog, not a cat.",
     "The circle is red.",
     "The square is on the left.",
     "There are three triangles.",

@@ -12,7 +12,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,7 +64,9 @@ def vllm_server(fixture_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed and "vllm_server" in getattr(item, "fixturenames", ()):
         server = getattr(item, "funcargs", {}).get("vllm_server")

@@ -8,6 +8,7 @@ verdicts; and parity: vLLM's greedy text equals transformers' greedy `generate` 
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,12 @@ PLANTED = [f for f in spec.FIXTURES if f.planted is not None]
 ALL_EXAMPLES = ex.all_examples()
 
 
-def ids(fixtures: list[spec.Fixture]) -> list[str]:
+def ids(fixtures: Iterable[spec.Fixture]) -> list[str]:
     return [f.name for f in fixtures]
 
 
 @pytest.fixture(scope="module")
-def client(vllm_server: Any) -> Any:
+def client(vllm_server: Any) -> Iterator[Any]:
     import openai
 
     with openai.OpenAI(base_url=vllm_server.openai_base_url, api_key="unused", max_retries=0) as c:
@@ -82,7 +83,7 @@ def test_regeneration(client: Any, vllm_server: Any, fixture: spec.Fixture) -> N
     for _ in range(3):
         reply = complete(client, vllm_server.model, ex.regeneration_messages(fixture, flagged))
         rewritten = parse_bracketed(reply)
-        assert rewritten in unfaithful and rewritten != fixture.correction.sentence.text
+        assert rewritten is not None and rewritten in unfaithful
         flagged = rewritten
 
 

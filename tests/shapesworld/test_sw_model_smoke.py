@@ -73,4 +73,4 @@ def test_resuming_a_checkpoint_continues_the_same_run(smoke_run: Path, tmp_path:
     run_train(tmp_path, "--seed", "0", "--resume", str(smoke_run / "checkpoints/step-000003"), "--max-steps", "6")
     name = "checkpoints/step-000006/model.safetensors"
     assert (tmp_path / name).read_bytes() == (smoke_run / name).read_bytes()
-    assert not (smoke_run / "final" / "optimizer.pt").exists()
+    assert not (smoke_run / "final" / "trainer_state.pt").exists()

@@ -1,0 +1,76 @@
+"""A training-only read-out of the scene from the vision tower's output: the cell probe.
+
+Trained on reference chains alone, the first model here drifted into ignoring the image: AdamW grew
+a large constant in the vision tower's residual stream (the same vector for every patch, std ~60
+against differences of ~0.02), after which every image gave the text model the same tokens, and
+held-out loss with shuffled images equalled the loss with the true ones. Once there, the chain loss
+has no gradient left to undo it.
+
+The probe gives the vision tower a direct signal instead: a linear map from an image's merged tokens
+to the contents of each of the 9 grid cells (empty or which shape; colour and size where there is an
+object), trained with cross-entropy on the scene's ground truth next to the chain loss. It is not
+part of the model: it is never saved with it, vLLM never sees it, and the text model still has to
+learn to read the tokens and say what is there, so the errors it makes remain its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shapesworld.scenes import Scene
+from shapesworld.world import CELLS, COLOURS, SHAPES, SIZES
+
+IGNORE = -100
+
+
+class CellProbe(torch.nn.Module):
+    def __init__(self, tokens_per_image: int, hidden: int) -> None:
+        super().__init__()
+        self.tokens_per_image = tokens_per_image
+        self.shape = torch.nn.Linear(tokens_per_image * hidden, len(CELLS) * (1 + len(SHAPES)))
+        self.colour = torch.nn.Linear(tokens_per_image * hidden, len(CELLS) * len(COLOURS))
+        self.size = torch.nn.Linear(tokens_per_image * hidden, len(CELLS) * len(SIZES))
+
+    def loss(self, features: torch.Tensor, scenes: Sequence[Scene]) -> tuple[torch.Tensor, float]:
+        """Mean cross-entropy over cells and attributes, and the share of cells read entirely right.
+
+        `features` are the vision tower's merged tokens for the batch's images, in order.
+        """
+        x = features.reshape(len(scenes), -1)
+        shape_t, colour_t, size_t = cell_targets(scenes)
+        heads = ((self.shape, shape_t, 1 + len(SHAPES)), (self.colour, colour_t, len(COLOURS)), (self.size, size_t, 2))
+        total = features.new_zeros(())
+        right = torch.ones_like(shape_t, dtype=torch.bool)
+        for head, target, classes in heads:
+            logits = head(x).reshape(len(scenes), len(CELLS), classes)
+            total = total + torch.nn.functional.cross_entropy(logits.reshape(-1, classes), target.reshape(-1))
+            right &= (logits.argmax(-1) == target) | (target == IGNORE)
+        return total / len(heads), right.float().mean().item()
+
+
+def cell_targets(scenes: Sequence[Scene]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per scene and cell: 0 for empty or 1 + shape index; colour and size indices (IGNORE if empty)."""
+    shape = torch.zeros(len(scenes), len(CELLS), dtype=torch.long)
+    colour = torch.full_like(shape, IGNORE)
+    size = torch.full_like(shape, IGNORE)
+    for i, scene in enumerate(scenes):
+        for obj in scene.objects:
+            c = CELLS.index(obj.cell)
+            shape[i, c] = 1 + SHAPES.index(obj.shape)
+            colour[i, c] = COLOURS.index(obj.colour)
+            size[i, c] = SIZES.index(obj.size)
+    return shape, colour, size
+
+
+class VisionTap:
+    """Keeps the vision tower's last output (the merged image tokens) during a forward pass."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.features: torch.Tensor | None = None
+        model.model.visual.register_forward_hook(self._keep)  # type: ignore[union-attr,operator]
+
+    def _keep(self, module: torch.nn.Module, args: object, output: object) -> None:
+        pooled = getattr(output, "pooler_output", output)
+        self.features = pooled if isinstance(pooled, torch.Tensor) else pooled[0]  # type: ignore[index]
