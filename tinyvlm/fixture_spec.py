@@ -321,7 +321,13 @@ def oracle_json() -> dict:
         for _, reply in fixture.regeneration:
             if reply not in unfaithful and not _is_faithful_text(fixture, reply):
                 unfaithful.append(reply)
-    return {"unfaithful": unfaithful}
+    # The reasoning sentences too, so the local judge types them as the fixture labels them.
+    reasoning = sorted(
+        {s.text for f in FIXTURES for v, _ in chain_variants(f) for s in v if s.kind is R}
+        | {answer_text(f.answer) for f in FIXTURES}
+        | {answer_text(r.answer) for f in FIXTURES for r in f.rewrites}
+    )
+    return {"unfaithful": unfaithful, "reasoning": reasoning}
 
 
 def _is_faithful_text(fixture: Fixture, text: str) -> bool:

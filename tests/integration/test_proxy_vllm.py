@@ -46,18 +46,9 @@ class Stack:
         return [json.loads(line) for line in self.trace_path.read_text().splitlines()]
 
 
-def oracle() -> dict[str, Any]:
-    """The fixture's unfaithful sentences, and its reasoning sentences so the judge types them right."""
-    reasoning = sorted(
-        {s.text for f in spec.FIXTURES for v, _ in spec.chain_variants(f) for s in v if s.kind.value == "reasoning"}
-        | {spec.answer_text(x) for x in "ABC"}
-    )
-    return {**spec.oracle_json(), "reasoning": reasoning}
-
-
 @pytest.fixture
 async def stack(vllm_server: Any, tmp_path: Path) -> AsyncIterator[Stack]:
-    judge_app = create_judge_app(oracle())
+    judge_app = create_judge_app(spec.oracle_json())
     async with running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url:
         settings = Settings(
             upstream_url=vllm_server.base_url,
