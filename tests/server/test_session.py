@@ -1,0 +1,129 @@
+"""The loop of ChainSession on a scripted upstream (httpx.MockTransport) with scripted detector and
+regenerator: what it sends to vLLM on continuation, and how it handles the reasoning channel.
+The same loop against real vLLM is in tests/integration/test_proxy_vllm.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from clients.vllm import VLLMClient
+from detectors.base import ChainContext, Detector
+from faithcore.types import Faithfulness, Step, StepKind, Verdict
+from regenerators.base import Regenerator
+from server.metrics import Metrics
+from server.policy import RequestPolicy
+from server.session import ChainSession, EmitEnd, EmitText
+from server.settings import Settings
+
+BAD = "The car is blue."
+
+
+class FlagBad(Detector):
+    """Unfaithful iff the step's text is BAD; records what it was asked."""
+
+    name: ClassVar[str] = "judge"
+    types_steps: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+        self.calls.append([s.text for s in new_steps])
+        out = []
+        for s in new_steps:
+            kind = StepKind.PERCEPTION if "car" in s.text else StepKind.REASONING
+            bad = s.text == BAD
+            out.append(Verdict(Faithfulness.UNFAITHFUL if bad else Faithfulness.FAITHFUL, "judge", kind=kind))
+        return out
+
+
+class Fixer(Regenerator):
+    name: ClassVar[str] = "fixer"
+
+    async def regenerate(self, ctx: ChainContext, prefix: list[str], bad_step: Step, attempt: int) -> str | None:
+        return "The car is red."
+
+
+def sse(deltas: list[dict[str, Any]], usage: dict[str, int]) -> bytes:
+    chunks = [{"id": "u", "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({"id": "u", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append({"id": "u", "choices": [], "usage": usage})
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+async def run_session(rounds: list[bytes]) -> tuple[list[Any], list[dict[str, Any]], ChainSession]:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=rounds[len(bodies) - 1], headers={"content-type": "text/event-stream"})
+
+    generator = VLLMClient("http://vllm.test", transport=httpx.MockTransport(handler))
+    messages = [{"role": "user", "content": "What colour is the car?"}]
+    session = ChainSession(
+        settings=Settings(),
+        policy=RequestPolicy("correct", "judge", 3, None, "pass", True),
+        ctx=ChainContext("r1", "m", messages, "What colour is the car?", []),
+        generator=generator,
+        detector=FlagBad(),
+        regenerator=Fixer(),
+        metrics=Metrics(CollectorRegistry(), ["judge"]),
+        body={"model": "m", "messages": messages, "max_tokens": 100, "top_k": 5},
+    )
+    events = [e async for e in session.run()]
+    await generator.aclose()
+    return events, bodies, session
+
+
+async def test_reasoning_channel_is_segmented_and_think_block_reopened_on_continuation() -> None:
+    first = sse(
+        [{"reasoning": "\nI see a car in the image."}, {"reasoning": f" {BAD} It is parked."}],
+        {"prompt_tokens": 10, "completion_tokens": 9},
+    )
+    second = sse(
+        [{"reasoning": " It is parked.\n"}, {"content": "\n\nThe car is red."}],
+        {"prompt_tokens": 25, "completion_tokens": 6},
+    )
+    events, bodies, session = await run_session([first, second])
+
+    texts = [(e.field, e.text) for e in events if isinstance(e, EmitText)]
+    assert texts == [
+        ("reasoning", "\nI see a car in the image."),
+        ("reasoning", " The car is red."),
+        ("reasoning", " It is parked."),
+        ("reasoning", "\n"),
+        ("content", "\n\nThe car is red."),
+    ]
+    assert isinstance(events[-1], EmitEnd) and events[-1].finish_reason == "stop"
+
+    continuation = bodies[1]
+    assert continuation["messages"][-1] == {
+        "role": "assistant",
+        "content": "<think>\nI see a car in the image. The car is red.",
+    }
+    assert continuation["continue_final_message"] is True and continuation["add_generation_prompt"] is False
+    assert continuation["top_k"] == 5  # unknown fields travel on every round
+    assert continuation["max_tokens"] < 100  # what the first round spent is taken off
+    assert bodies[0]["stream"] is True and bodies[0]["stream_options"] == {"include_usage": True}
+
+    fixed = [s for s in session.steps if s.original_text]
+    assert [(s.original_text, s.text, s.attempts) for s in fixed] == [(BAD, "The car is red.", 1)]
+    # The scripted first round arrives whole, usage included, before the flagged step is judged: both
+    # rounds' usage is added up.
+    assert session.ctx.usage.prompt_tokens == 35 and session.ctx.usage.completion_tokens == 15
+
+
+async def test_steps_finished_while_the_detector_works_go_in_one_call() -> None:
+    body = sse(
+        [{"content": "I see a car. The car is red. It is parked. The sky is clear. "}, {"content": "Done."}],
+        {"prompt_tokens": 5, "completion_tokens": 12},
+    )
+    events, bodies, session = await run_session([body])
+    assert len(bodies) == 1
+    calls = session.detector.calls  # type: ignore[attr-defined]
+    # the scripted stream arrives at once, so every step is ready before the first check: one call
+    assert calls == [["I see a car.", "The car is red.", "It is parked.", "The sky is clear.", "Done."]]
