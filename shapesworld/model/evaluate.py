@@ -48,6 +48,32 @@ def transformers_replies(model_dir: Path, samples: list[tuple[str, Scene]], max_
     return [generate_one(model, processor, text, render(scene), max_new_tokens) for text, scene in samples]
 
 
+def image_dependence(model_dir: Path, n: int = 32) -> dict[str, float]:
+    """Teacher-forced chain loss on held-out samples with their own images and with each sample given
+    the next one's image: equal losses mean the model ignores the image."""
+    import dataclasses
+    import itertools
+
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from shapesworld.model.corpus import GENERATOR
+    from shapesworld.model.train import IGNORE, encode
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    samples = list(itertools.islice(stream(HELDOUT_SEED, GENERATOR), n))
+    swapped = [dataclasses.replace(s, scene=samples[(i + 1) % n].scene) for i, s in enumerate(samples)]
+    result = {}
+    with torch.no_grad():
+        for name, batch_samples in (("own_images", samples), ("swapped_images", swapped)):
+            batch = encode(processor, batch_samples)
+            logits = model(**batch.tensors).logits
+            mask = batch.labels != IGNORE
+            result[name] = round(torch.nn.functional.cross_entropy(logits[mask], batch.labels[mask]).item(), 5)
+    return result
+
+
 class VLLMClient:
     """Greedy chat completions from a running vLLM server (text of the first choice)."""
 
@@ -94,6 +120,7 @@ def evaluate(
         aux_samples[task] = [next(it) for _ in range(aux)]
 
     started = time.monotonic()
+    dependence = image_dependence(model_dir)
     hf = transformers_replies(model_dir, questions[:parity], max_new_tokens) if parity else []
     hf_seconds = time.monotonic() - started
     print(f"transformers: {len(hf)} replies in {hf_seconds:.0f}s", flush=True)
@@ -115,6 +142,7 @@ def evaluate(
         "heldout_seed": HELDOUT_SEED,
         "vllm": summarise(items, vllm_replies).to_dict(),
         "parity": parity_report(hf, first, [i.id for i in items[:parity]]),
+        "chain_loss": dependence,
         "seconds": {"transformers": round(hf_seconds, 1), "vllm": round(vllm_seconds, 1)},
     }
     if hf:

@@ -301,3 +301,23 @@ async def _vllm_metrics(url: str) -> str:
 
 def _prefix_hits(text: str) -> float:
     return metric(text, "vllm:prefix_cache_hits_total")
+
+
+async def test_http_image_url_is_fetched_by_vllm_and_hashed_by_url(stack: Stack) -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    images = FastAPI()
+
+    @images.get("/{name}.png")
+    async def png(name: str) -> Response:
+        return Response(spec.render_fixture_image(name), media_type="image/png")
+
+    async with running_app(images) as image_host:
+        url = f"{image_host}/red_circle.png"
+        body = request("red_circle", stack.model)
+        body["messages"][0]["content"][0]["image_url"]["url"] = url
+        completion = await stack.client.chat.completions.create(**body)
+    assert completion.choices[0].message.content == spec.corrected_chain_text(spec.get("red_circle"))
+    (trace,) = stack.traces()
+    assert trace["images"] == [__import__("hashlib").sha256(url.encode()).hexdigest()]
