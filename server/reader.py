@@ -11,10 +11,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.vllm import VLLMClient
 from faithcore.kinds import classify_step
 from faithcore.segmenter import StepSegmenter
-
-from clients.vllm import VLLMClient
 from faithcore.types import Channel, Step
 
 # Fields of a streamed delta that carry text we segment; everything else is passed on untouched.
