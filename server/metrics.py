@@ -27,6 +27,7 @@ UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "
 RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
 ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
 STEP_OUTCOMES = ("fixed", "failed")
+REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
 UPSTREAM_ERRORS = ("connect", "status", "stream_broken", "stream_truncated", "malformed", "stream_error", "other")
 DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
 
@@ -63,7 +64,7 @@ class Metrics:
         self.unchecked = Counter(
             "faithproxy_unchecked_steps_total",
             "Perception steps that got no verdict, by reason.",
-            ["detector", "reason"],
+            ["detector", "model", "reason"],
             registry=registry,
         )
         self.regeneration_attempts = Counter(
@@ -137,10 +138,14 @@ class Metrics:
             self.detector_batch.labels(name)
             for reason in DETECTOR_ERRORS:
                 self.detector_errors.labels(name, reason)
-            for reason in UNCHECKED_REASONS:
-                self.unchecked.labels(name, reason)
+            for mode in MODES:
+                for status in REQUEST_STATUSES:
+                    self.requests.labels(mode, name, status)
         for outcome in ATTEMPT_OUTCOMES:
             self.regeneration_attempts.labels(outcome)
+        for outcome in STEP_OUTCOMES:
+            for attempts in range(0, 11):  # K is 0..10
+                self.regeneration_outcomes.labels(outcome, str(attempts))
         for reason in UPSTREAM_ERRORS:
             self.upstream_errors.labels(reason)
         for mode in MODES:
@@ -157,3 +162,5 @@ class Metrics:
                     self.steps.labels(kind, verdict, detector, model)
             for reason in RESIDUAL_REASONS:
                 self.residual.labels(detector, model, reason)
+            for reason in UNCHECKED_REASONS:
+                self.unchecked.labels(detector, model, reason)

@@ -265,6 +265,8 @@ class ChainSession:
 
     async def _verify(self, new_steps: list[Step]) -> Step | None:
         """Sets verdicts on `new_steps`; returns the first unfaithful perception step, if any."""
+        if not new_steps:
+            return None  # a batch of trailing whitespace or tool-call deltas: nothing to check
         if not self.detector.types_steps and not any(s.kind is StepKind.PERCEPTION for s in new_steps):
             return None  # nothing this detector would look at
         verdicts = await self._check(new_steps)
@@ -434,7 +436,7 @@ class ChainSession:
             return
         if verdict == Faithfulness.UNKNOWN.value:
             step.unchecked_reason = step.unchecked_reason or self._unknown_reason()
-            self.metrics.unchecked.labels(detector, step.unchecked_reason).inc()
+            self.metrics.unchecked.labels(detector, self.model_label, step.unchecked_reason).inc()
             if not step.residual:
                 self._mark_residual(step, "unchecked")
         if step.residual:
