@@ -1,5 +1,16 @@
-# faithproxy: the proxy only (vLLM runs in its own image). Two stages: wheels are built in the first,
-# the final image has no compiler and runs as an unprivileged user.
+# faithproxy: the proxy only (vLLM runs in its own image; deploy/docker-compose.yml runs the stack).
+# Two stages: wheels are built in the first; the final image installs them and then removes pip,
+# setuptools and wheel, so no build tool is left; it runs as an unprivileged user.
+#
+#   docker build --build-arg VERSION=0.1.0 -t faithproxy:0.1.0 .
+#
+# Environment (all settings are FAITHPROXY_* variables; README "Settings" has the full table):
+#   FAITHPROXY_UPSTREAM_URL       vLLM's base URL (default here: http://vllm:8000)
+#   FAITHPROXY_UPSTREAM_API_KEY   key for vLLM, if it wants one
+#   FAITHPROXY_JUDGES             JSON list of judges; keys by "api_key_env" (e.g. ANTHROPIC_API_KEY)
+#   FAITHPROXY_DEFAULT_MODE / _DEFAULT_DETECTOR / _DEFAULT_JUDGE / _MAX_RETRIES / _ON_DETECTOR_ERROR
+#   FAITHPROXY_TRACE_PATH         JSON-lines traces; /var/log/faithproxy is writable by the app user
+#   FAITHPROXY_HOST, FAITHPROXY_PORT   listen address (here 0.0.0.0:8080)
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -17,16 +28,21 @@ ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="faithproxy" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.description="OpenAI-compatible proxy that checks and corrects a reasoning VLM's perception steps"
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
-    && useradd --create-home --uid 10001 faithproxy
+RUN pip install --no-cache-dir /wheels/*.whl \
+    && rm -rf /wheels \
+    && pip uninstall --yes setuptools wheel pip \
+    && useradd --create-home --uid 10001 faithproxy \
+    && mkdir -p /var/log/faithproxy \
+    && chown faithproxy:faithproxy /var/log/faithproxy
 USER faithproxy
 WORKDIR /home/faithproxy
-# Settings (all FAITHPROXY_*; see README): upstream vLLM, judges (JSON list), traces, defaults.
 ENV FAITHPROXY_HOST=0.0.0.0 \
     FAITHPROXY_PORT=8080 \
     FAITHPROXY_UPSTREAM_URL=http://vllm:8000
 EXPOSE 8080
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-    CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"
+    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('FAITHPROXY_PORT', '8080'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2).status == 200 else 1)"]
 ENTRYPOINT ["faithproxy", "serve"]

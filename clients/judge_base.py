@@ -40,6 +40,9 @@ class JudgeConfig(BaseModel):
     max_retries: int = Field(default=1, ge=0, le=10)  # the SDK's own retries (429, 5xx, timeouts)
     # None: not sent, the model's default (some recent models accept nothing else); 0.0 for vLLM judges
     temperature: float | None = None
+    # True: http(s) images are fetched by the proxy (under FAITHPROXY_IMAGE_FETCH__*, see
+    # clients/image_fetch.py) and sent as base64; False: the judge gets the URL and fetches it itself.
+    fetch_images: bool = False
 
     def resolved_api_key(self) -> str:
         """The key: `api_key`, else the variable named by `api_key_env`, else the SDK's usual variable.

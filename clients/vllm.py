@@ -1,7 +1,9 @@
 """The generator client: vLLM's OpenAI-compatible API over one pooled httpx.AsyncClient.
 
-Streams have no read timeout (a long reasoning chain may pause between tokens for as long as the
-server is busy); connect and write timeouts are explicit. Closing a stream closes the HTTP connection,
+Streams have no whole-request timeout (a long reasoning chain may stream for many minutes); their read
+timeout is an idle limit, the longest silence between two reads (`stream_idle_timeout_s`; None: none),
+so a stalled vLLM is noticed while a healthy long stream never is. A stall is an UpstreamError with
+code "stalled". Connect and write timeouts are explicit. Closing a stream closes the HTTP connection,
 which makes vLLM abort the generation.
 """
 
@@ -26,7 +28,8 @@ class UpstreamStream:
     response: httpx.Response
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """Parsed `data:` payloads until `[DONE]`. Malformed JSON is an UpstreamError."""
+        """Parsed `data:` payloads until `[DONE]`. Malformed JSON, or a chunk whose choices, deltas or
+        usage have the wrong types, is an UpstreamError."""
         decoder = SSEDecoder()
         try:
             async for text in self.response.aiter_text():
@@ -38,6 +41,8 @@ class UpstreamStream:
                 if data.strip() == "[DONE]":
                     return
                 yield _parse_chunk(data)
+        except httpx.ReadTimeout as exc:
+            raise UpstreamError("upstream stream stalled (no data within the idle timeout)", code="stalled") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(f"upstream stream broke: {type(exc).__name__}", code="stream_broken") from exc
         # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
@@ -55,7 +60,27 @@ def _parse_chunk(data: str) -> dict[str, Any]:
         err = chunk["error"]
         message = err.get("message") if isinstance(err, dict) else str(err)
         raise UpstreamError(f"upstream error during stream: {message}", code="stream_error")
+    if not _well_shaped(chunk):
+        raise UpstreamError("upstream sent a chunk of the wrong shape", code="malformed")
     return chunk
+
+
+def _well_shaped(chunk: dict[str, Any]) -> bool:
+    """The parts the proxy reads have the types it expects (the rest is passed on as it is)."""
+    choices = chunk.get("choices")
+    if choices is not None:
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            return False
+        if not all(isinstance(c.get("delta"), dict | None) for c in choices):
+            return False
+    usage = chunk.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            return False
+        counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        if not all(isinstance(n, int | None) and not isinstance(n, bool) for n in counts):
+            return False
+    return True
 
 
 class VLLMClient:
@@ -66,6 +91,7 @@ class VLLMClient:
         api_key: str | None = None,
         connect_timeout_s: float = 10.0,
         request_timeout_s: float = 600.0,
+        stream_idle_timeout_s: float | None = None,
         max_connections: int = 512,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -73,6 +99,9 @@ class VLLMClient:
         # Non-stream calls (regeneration, self-checks, listing) get a whole-request read timeout;
         # streams override it with read=None below.
         self._timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
+        self._stream_timeout = httpx.Timeout(
+            None, connect=connect_timeout_s, read=stream_idle_timeout_s, write=request_timeout_s, pool=None
+        )
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -91,12 +120,10 @@ class VLLMClient:
     @asynccontextmanager
     async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[UpstreamStream]:
         """POST /v1/chat/completions with stream=true; raises UpstreamStatusError on an HTTP error."""
-        timeout = httpx.Timeout(None, connect=self._timeout.connect, write=self._timeout.write, pool=None)
-        try:
-            request = self._client.build_request("POST", "/v1/chat/completions", json=body, timeout=timeout)
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code="connect") from exc
+        request = self._client.build_request(
+            "POST", "/v1/chat/completions", json=body, timeout=self._stream_timeout
+        )
+        response = await self._send_stream(request)
         try:
             if response.status_code >= 400:
                 await response.aread()
@@ -109,22 +136,26 @@ class VLLMClient:
     async def stream_raw(self, content: bytes) -> AsyncIterator[httpx.Response]:
         """POST the client's body bytes as they are and hand back the open response, any status
         (pass-through mode: the client gets vLLM's bytes)."""
-        timeout = httpx.Timeout(None, connect=self._timeout.connect, write=self._timeout.write, pool=None)
         request = self._client.build_request(
             "POST",
             "/v1/chat/completions",
             content=content,
             headers={"content-type": "application/json"},
-            timeout=timeout,
+            timeout=self._stream_timeout,
         )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code="connect") from exc
+        response = await self._send_stream(request)
         try:
             yield response
         finally:
             await response.aclose()
+
+    async def _send_stream(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.ReadTimeout as exc:  # connected, but no response headers within the idle timeout
+            raise UpstreamError("upstream stalled before its first byte", code="stalled") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code="connect") from exc
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Non-streamed chat completion as parsed JSON."""

@@ -2,6 +2,12 @@
 
     FaithproxyError                 500 server_error
     ├── PolicyError                 400 invalid_request_error   (a bad header or body value)
+    │   ├── ImageRefused            400 invalid_request_error   (an image URL the fetch policy refuses,
+    │   │                                                         or one that could not be fetched)
+    │   ├── PayloadTooLarge         413 invalid_request_error   (request body or one image too large)
+    │   └── HeadersTooLarge         431 invalid_request_error
+    ├── AuthError                   401 invalid_request_error   (missing or wrong proxy API key)
+    ├── Overloaded                  429 rate_limit_error        (concurrency limit reached; Retry-After)
     ├── UpstreamError               502 upstream_error          (vLLM failed or is unreachable)
     │   └── UpstreamStatusError     status of vLLM's own reply, its message passed on
     ├── DetectorError               502 detector_error          (judge down, garbage reply, ...)
@@ -28,6 +34,36 @@ class FaithproxyError(Exception):
 class PolicyError(FaithproxyError):
     status_code = 400
     error_type = "invalid_request_error"
+
+
+class ImageRefused(PolicyError):
+    """An http(s) image the proxy would have to fetch for a judge, refused by the fetch policy or
+    unreachable; raised before anything is sent upstream."""
+
+    def __init__(self, message: str, *, code: str = "image_refused") -> None:
+        super().__init__(message, param="messages", code=code)
+
+
+class PayloadTooLarge(PolicyError):
+    status_code = 413
+
+
+class HeadersTooLarge(PolicyError):
+    status_code = 431
+
+
+class AuthError(FaithproxyError):
+    status_code = 401
+    error_type = "invalid_request_error"
+
+
+class Overloaded(FaithproxyError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, code="too_many_concurrent_requests")
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamError(FaithproxyError):

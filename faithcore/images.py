@@ -1,7 +1,9 @@
 """Image references found in OpenAI chat messages, hashed once per request.
 
 Data URLs are decoded only to hash their bytes; the original base64 text is kept so judges receive it
-without re-encoding. http(s) URLs are kept as URLs (hashed by their text) and passed on as such.
+without re-encoding. http(s) URLs are kept as URLs (hashed by their text) and passed on as such, unless
+the judge wants bytes: then `clients/image_fetch.py` fetches them (under its SSRF policy) into an
+ImageRef that carries a data URL, keeping the hash of the original URL.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ from faithcore.errors import PolicyError
 
 @dataclass(frozen=True)
 class ImageRef:
+    """One image of the conversation. `url` is what a judge is given: the client's URL, or a data URL
+    built from fetched bytes (then `source_url` is the client's http(s) URL)."""
+
     url: str
     sha256: str
     media_type: str | None = None  # for data URLs
-    base64_data: str | None = None  # for data URLs: the payload exactly as the client sent it
+    base64_data: str | None = None  # for data URLs: the payload exactly as the client sent it (or fetched)
+    source_url: str | None = None  # for fetched images: the http(s) URL the bytes came from
 
     @property
     def is_data_url(self) -> bool:
@@ -70,7 +76,9 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
             return content
         if isinstance(content, list):
             return "\n".join(
-                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+                p["text"]
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
             )
     return ""
 

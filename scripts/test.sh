@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/install_prometheus.sh  # Debian's prometheus + promtool, for tests/deploy
 bash scripts/build_fixture_model.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest "$@"

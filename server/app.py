@@ -11,14 +11,18 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
+from clients.image_fetch import ImageFetcher
 from clients.judges import build_judge
 from clients.vllm import VLLMClient
 from detectors.registry import DetectorDeps, build_detectors
 from faithcore.errors import FaithproxyError, UpstreamError
 from regenerators.registry import build_regenerator
+from server.auth import ALWAYS_OPEN, APIKeyMiddleware
 from server.errors import faithproxy_error_handler, validation_error_handler
+from server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from server.metrics import Metrics
 from server.routers import chat, ops
+from server.schema import install_openapi
 from server.settings import Settings, get_settings
 from server.state import AppState
 from server.traces import TraceWriter
@@ -31,16 +35,22 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
+    image_fetcher: ImageFetcher | None = None,
 ) -> FastAPI:
     """Each app owns its metrics registry (so several apps can live in one test process).
 
     `upstream_transport` replaces the network under the vLLM client: fault-injection tests only.
+    `image_fetcher` replaces the one built from `settings.image_fetch` (tests inject a resolver).
+
+    Middleware, outermost first: request size (431/413), API keys (401), concurrency (429).
     """
     settings = settings or get_settings()
     if registry is None:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
+
+    built_metrics: list[Metrics] = []
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,11 +60,19 @@ def create_app(
             api_key=key,
             connect_timeout_s=settings.upstream_connect_timeout_s,
             request_timeout_s=settings.upstream_request_timeout_s,
+            stream_idle_timeout_s=settings.upstream_stream_idle_timeout_s,
             transport=upstream_transport,
         )
+        fetcher = image_fetcher
+        if fetcher is None and any(cfg.fetch_images for cfg in settings.judges):
+            fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
         detectors = build_detectors(DetectorDeps(judges=judges, default_judge=settings.default_judge))
-        metrics = Metrics(registry, detectors)
+        # One Metrics per app: a registry takes each metric once, and the counters of an app whose
+        # lifespan runs again (test clients restart it) simply go on.
+        if not built_metrics:
+            built_metrics.append(Metrics(registry, detectors))
+        metrics = built_metrics[0]
         state = AppState(
             settings=settings,
             generator=generator,
@@ -68,6 +86,7 @@ def create_app(
             ),
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),
+            image_fetcher=fetcher,
         )
         app.state.faithproxy = state
         try:
@@ -81,10 +100,23 @@ def create_app(
             for detector in detectors.values():
                 await detector.aclose()  # the judge detector closes the judge backends it owns
             await generator.aclose()
+            if fetcher is not None:
+                await fetcher.aclose()
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.include_router(chat.router)
     app.include_router(ops.router)
+    install_openapi(app, settings)
+    app.add_middleware(
+        ConcurrencyLimitMiddleware, limit=settings.max_concurrent_requests, retry_after_s=settings.retry_after_s
+    )
+    if settings.api_keys:
+        open_paths = ALWAYS_OPEN if settings.metrics_require_key else ALWAYS_OPEN | {"/metrics"}
+        keys = [key.get_secret_value() for key in settings.api_keys]
+        app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths)
+    app.add_middleware(
+        RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
+    )
     return app

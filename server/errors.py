@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from faithcore.errors import FaithproxyError, UpstreamStatusError
 
@@ -21,6 +22,17 @@ def error_body(exc: FaithproxyError) -> dict[str, Any]:
 
 def error_response(exc: FaithproxyError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(exc), status_code=exc.status_code, headers=headers)
+
+
+async def send_error(
+    scope: Scope, receive: Receive, send: Send, exc: FaithproxyError, headers: dict[str, str] | None = None
+) -> None:
+    """Answers from pure ASGI middleware (auth, limits) and counts the request as rejected."""
+    app = scope.get("app")
+    state = getattr(getattr(app, "state", None), "faithproxy", None)
+    if state is not None and scope.get("path") == "/v1/chat/completions":
+        state.metrics.requests.labels("rejected", "-", f"{exc.status_code // 100}xx").inc()
+    await error_response(exc, headers=headers)(scope, receive, send)
 
 
 def error_frame(exc: FaithproxyError) -> bytes:

@@ -13,10 +13,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from detectors.base import ChainContext
-from faithcore.errors import FaithproxyError, PolicyError, UpstreamError
+from faithcore.errors import FaithproxyError, PolicyError, UpstreamError, UpstreamStatusError
 from faithcore.images import images_in_messages, last_user_text
 from server.errors import error_body, error_frame, error_response
 from server.metrics import UPSTREAM_ERRORS
@@ -57,12 +58,16 @@ class ChatServing:
         if (self.body.get("n") or 1) != 1:
             raise PolicyError("n > 1 is only supported with X-Faithproxy-Mode: off", param="n")
         messages = self.body["messages"]
+        images = images_in_messages(messages)  # PolicyError on a malformed image: nothing sent yet
+        if self.policy.detector == "judge" and self.state.judge_fetches_images(self.policy.judge):
+            assert self.state.image_fetcher is not None
+            images = await self.state.image_fetcher.fetch_all(images)  # ImageRefused: nothing sent yet
         ctx = ChainContext(
             request_id=self.request_id,
             model=self.body["model"],
             messages=messages,
             question=last_user_text(messages),
-            images=images_in_messages(messages),  # PolicyError on a malformed image: nothing sent yet
+            images=images,
             generator=self.state.generator,
             judge=self.policy.judge,
         )
@@ -201,15 +206,32 @@ class ChatServing:
             self._finish()
             return error_response(exc, headers=self.headers)
 
+        # vLLM ends every event stream with [DONE]: one that ends without it was cut off, and the client
+        # must hear so (an error frame, then [DONE]) rather than take a clean end for a complete answer.
+        watch_end = (
+            upstream.status_code == 200
+            and upstream.headers.get("content-type", "").startswith("text/event-stream")
+            and upstream.headers.get("content-encoding", "identity") == "identity"
+        )
+
         async def body() -> AsyncIterator[bytes]:
+            tail = b""
             try:
                 async for data in upstream.aiter_raw():
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - self.started
                         self.state.metrics.ttft.labels("off").observe(self.ttft)
+                    tail = (tail + data)[-32:]
                     yield data
+                if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
+                    self.error = UpstreamError("upstream stream ended without [DONE]", code="stream_truncated")
+                    yield (b"" if tail.endswith(b"\n\n") else b"\n\n") + error_frame(self.error)
+                    yield DONE
             except Exception as exc:  # noqa: BLE001 - upstream died mid-stream: end well-formed
-                self.error = UpstreamError(f"upstream stream broke: {type(exc).__name__}", code="stream_broken")
+                if isinstance(exc, httpx.ReadTimeout):
+                    self.error = UpstreamError("upstream stream stalled (idle timeout)", code="stalled")
+                else:
+                    self.error = UpstreamError(f"upstream stream broke: {type(exc).__name__}", code="stream_broken")
                 yield error_frame(self.error)
                 yield DONE
             finally:
@@ -251,7 +273,10 @@ class ChatServing:
         if self.error is not None:
             status = self.error.status_code
             if isinstance(self.error, UpstreamError):
-                code = self.error.code if self.error.code in UPSTREAM_ERRORS else "status"
+                if self.error.code in UPSTREAM_ERRORS:
+                    code = self.error.code
+                else:
+                    code = "status" if isinstance(self.error, UpstreamStatusError) else "other"
                 metrics.upstream_errors.labels(code).inc()
         status_class = "disconnected" if self.disconnected else f"{(status or 200) // 100}xx"
         metrics.requests.labels(self.policy.mode, self.policy.detector, status_class).inc()

@@ -462,14 +462,14 @@ def _as_faithproxy_error(exc: BaseException) -> FaithproxyError:
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancels `task` and waits for it to finish its cleanup (closing the upstream response).
+
+    asyncio.wait, not `await task`: when the session is itself being cancelled (the client went away),
+    awaiting the task would cancel it a second time in the middle of its cleanup and leave the upstream
+    connection open, so vLLM would never see the abort. The cancellation of the session still propagates.
+    """
     if not task.done():
         task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        # Our own cancel is swallowed; a cancel of the session itself must still propagate.
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
-    except Exception:  # noqa: BLE001 - a failed task's error was already handed over as an item
-        pass
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failed task's error was already handed over as an item

@@ -2,17 +2,24 @@
 
 Judges are configured here and only here (name → backend, model, URL, key); a request can only pick
 one by name, never pass a URL or a key.
+
+Three kinds of keys never meet: `api_keys` are what clients of the proxy present (checked by
+server/auth.py, never forwarded), `upstream_api_key` goes to vLLM only, each judge's key to that judge
+only. All are SecretStr: a repr or a log line shows `**********`.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from clients.image_fetch import FetchPolicy
 from clients.judges import JudgeConfig
+
+_MiB = 1024 * 1024
 
 Mode = Literal["correct", "detect", "off"]
 OnDetectorError = Literal["pass", "fail"]
@@ -24,8 +31,34 @@ class Settings(BaseSettings):
     upstream_url: str = "http://127.0.0.1:8000"
     upstream_api_key: SecretStr | None = None
     upstream_connect_timeout_s: float = 10.0
-    # Whole-call limit for NON-streamed upstream calls (regeneration, self-checks); streams have none.
+    # Whole-call limit for NON-streamed upstream calls (regeneration, self-checks); streams have none,
+    # only the idle limit below.
     upstream_request_timeout_s: float = 600.0
+    # Longest silence between two reads of an upstream stream (the wait for its headers included) before
+    # it counts as stalled; a healthy stream sends a token at least this often, however long it runs.
+    # A request queued in vLLM sends nothing until its prefill: raise this if queues get that long.
+    # None: wait forever.
+    upstream_stream_idle_timeout_s: float | None = Field(300.0, gt=0)
+
+    # Bearer keys of the proxy's clients (FAITHPROXY_API_KEYS=key1,key2). Empty: no auth.
+    # /healthz and /readyz stay open; /metrics too unless metrics_require_key.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    metrics_require_key: bool = False
+
+    # Limits (see server/limits.py). Bodies and images are counted in bytes.
+    max_body_bytes: int = Field(32 * _MiB, gt=0)  # 413
+    max_header_bytes: int = Field(32 * 1024, gt=0)  # all header names and values together: 431
+    max_images_per_request: int = Field(16, ge=0)  # 400
+    max_image_bytes: int = Field(20 * _MiB, gt=0)  # decoded size of one data-URL image: 413
+    # Largest max_tokens / max_completion_tokens a request may ask for (more: 400); a request that
+    # asks for none gets this as max_tokens. None: no cap (vLLM's context length is the limit).
+    max_tokens_cap: int | None = Field(None, gt=0)
+    # Chat completions served at once (streams count until their last byte); beyond: 429 + Retry-After.
+    max_concurrent_requests: int = Field(512, gt=0)
+    retry_after_s: int = Field(1, ge=0)
+
+    # What the proxy may fetch for judges configured with fetch_images (clients/image_fetch.py).
+    image_fetch: FetchPolicy = Field(default_factory=FetchPolicy)
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -55,6 +88,13 @@ class Settings(BaseSettings):
     think_close_tag: str = "</think>"
 
     trace_path: str | None = None
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_from_csv(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
 
     @field_validator("judges", mode="before")
     @classmethod

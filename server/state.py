@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from clients.image_fetch import ImageFetcher
 from clients.vllm import VLLMClient
 from detectors.base import Detector
 from regenerators.base import Regenerator
@@ -25,6 +26,13 @@ class AppState:
     metrics: Metrics
     tracer: TraceWriter
     known_models: set[str] = field(default_factory=set)
+    # Built when some judge has fetch_images: fetches http(s) images for it under the SSRF policy.
+    image_fetcher: ImageFetcher | None = None
+
+    def judge_fetches_images(self, judge: str | None) -> bool:
+        return self.image_fetcher is not None and any(
+            c.name == judge and c.fetch_images for c in self.settings.judges
+        )
 
     def model_label(self, model: str) -> str:
         """Metric label for a model: only names the upstream lists, so labels stay a small set."""

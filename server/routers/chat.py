@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions: parse, pick the policy, hand over to the serving object.
+"""POST /v1/chat/completions: parse, check limits, pick the policy, hand over to the serving object.
 
 Thin on purpose: the loop lives in server/session.py, the response shapes in server/responses.py.
 """
@@ -13,8 +13,10 @@ from fastapi.responses import Response
 
 from faithcore.errors import FaithproxyError, PolicyError
 from server.errors import error_response
+from server.limits import check_body
 from server.policy import policy_from_headers
 from server.responses import ChatServing
+from server.schema import CHAT_OPENAPI_EXTRA, CHAT_RESPONSES
 from server.state import StateDep
 
 router = APIRouter()
@@ -32,16 +34,20 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
         raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise PolicyError("'model' must be a non-empty string", param="model")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise PolicyError("'stream' must be a boolean", param="stream")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise PolicyError("'stream' must be a boolean", param="stream")  # null means false, as for OpenAI
     return body
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions", response_model=None, openapi_extra=CHAT_OPENAPI_EXTRA, responses=CHAT_RESPONSES
+)
 async def chat_completions(request: Request, state: StateDep) -> Response:
-    raw = await request.body()
     try:
+        raw = await request.body()  # PayloadTooLarge from the size limit while reading
         body = _parse_body(raw)
+        if check_body(body, state.settings):
+            raw = json.dumps(body).encode()  # the max_tokens cap was added: off mode forwards these bytes
         policy = policy_from_headers(request.headers, state.settings, detectors=state.detectors, judges=state.judges)
         serving = ChatServing(state, policy, body, raw)
         return await serving.respond()

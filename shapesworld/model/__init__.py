@@ -8,6 +8,8 @@ errors are its own: it is trained on reference chains only and errs because it i
 Modules (each imports only those above it):
     corpus    chat messages for each task, the seeded training streams, the tokenizer
     config    model sizes (full and smoke) and the Qwen2.5-VL config built from them
+    probe     a training-only read-out of each grid cell from the image tokens (keeps the vision
+              tower from collapsing to a constant; never saved with the model)
     scoring   the held-out set, and scoring a reply against ground truth
     greedy    greedy generation in transformers (batched, and one request at a time)
     train     `python -m shapesworld.model.train`: train, checkpoint, evaluate, pick the final model

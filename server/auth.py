@@ -1,0 +1,73 @@
+"""Bearer-key authentication of the proxy's clients: pure ASGI middleware.
+
+Enabled when `FAITHPROXY_API_KEYS` lists at least one key. A request must carry
+`Authorization: Bearer <key>` with one of them; otherwise 401 in OpenAI's error format (type
+`invalid_request_error`, code `invalid_api_key`) and a `WWW-Authenticate: Bearer` header.
+
+Open without a key: `/healthz` and `/readyz` (probes), and `/metrics` unless `metrics_require_key`
+(Prometheus scrapers often carry no credentials; the metrics hold no request text).
+
+Comparison is constant-time: the presented key and every configured key are hashed to SHA-256 and the
+digests compared with `hmac.compare_digest`, all of them, so neither the matching key's position nor
+its length shows in the timing. The client's key stays here: the upstream and judge clients send their
+own keys, never a client header, and no key is logged or traced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from faithcore.errors import AuthError
+from server.errors import send_error
+
+ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
+class APIKeyMiddleware:
+    """401 for requests outside `open_paths` without one of `keys` as a bearer token."""
+
+    def __init__(self, app: ASGIApp, keys: Iterable[str], *, open_paths: Iterable[str] = ALWAYS_OPEN) -> None:
+        self.app = app
+        self._digests = [_digest(key.encode()) for key in keys]
+        if not self._digests:
+            raise ValueError("APIKeyMiddleware needs at least one key")
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        token = _bearer_token(scope)
+        if token is None:
+            error = AuthError("Missing API key: send it as 'Authorization: Bearer <key>'.", code="invalid_api_key")
+        elif not self.valid(token):
+            error = AuthError("Incorrect API key provided.", code="invalid_api_key")
+        else:
+            await self.app(scope, receive, send)
+            return
+        await send_error(scope, receive, send, error, headers={"www-authenticate": "Bearer"})
+
+    def valid(self, token: bytes) -> bool:
+        presented = _digest(token)
+        ok = False
+        for digest in self._digests:
+            ok |= hmac.compare_digest(presented, digest)
+        return ok
+
+
+def _bearer_token(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return token.strip()
+            return None
+    return None

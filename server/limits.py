@@ -1,0 +1,150 @@
+"""Request limits: header and body size, images, max_tokens, concurrency.
+
+    limit                       where                               answer
+    headers (all, in bytes)     RequestSizeMiddleware (ASGI)        431
+    body (bytes)                RequestSizeMiddleware (ASGI)        413, from Content-Length before
+                                                                    reading, else while reading
+    concurrent chat requests    ConcurrencyLimitMiddleware (ASGI)   429 + Retry-After
+    images per request          check_body (router)                 400 too_many_images
+    one data-URL image (bytes)  check_body (router)                 413 image_too_large
+    max_tokens above the cap    check_body (router)                 400 max_tokens_too_large
+
+The middleware is pure ASGI (starlette's BaseHTTPMiddleware would buffer streams and break
+contextvars). A stream holds its concurrency slot until its last byte is sent, because the inner app
+returns only then. Images fetched for judges have their own size and time limits
+(clients/image_fetch.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from faithcore.errors import HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
+from server.errors import send_error
+from server.settings import Settings
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+class RequestSizeMiddleware:
+    """431 for oversized headers, 413 for an oversized body (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_header_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope["headers"]
+        if sum(len(name) + len(value) for name, value in headers) > self.max_header_bytes:
+            error = HeadersTooLarge(f"Request headers exceed {self.max_header_bytes} bytes.", code="headers_too_large")
+            await send_error(scope, receive, send, error)
+            return
+        declared = next((value for name, value in headers if name == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await send_error(scope, receive, send, self._too_large())
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise self._too_large()  # the app's exception handler answers 413
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"Request body exceeds {self.max_body_bytes} bytes.", code="body_too_large")
+
+
+class ConcurrencyLimitMiddleware:
+    """At most `limit` requests on `paths` at once; the next gets 429 with Retry-After at once
+    (no queue: the client, or its load balancer, decides whether to wait or go elsewhere)."""
+
+    def __init__(self, app: ASGIApp, *, limit: int, retry_after_s: int, paths: Iterable[str] = (CHAT_PATH,)) -> None:
+        self.app = app
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.paths = frozenset(paths)
+        self.active = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            error = Overloaded(
+                f"Too many concurrent requests (limit {self.limit}); retry after {self.retry_after_s} s.",
+                retry_after_s=self.retry_after_s,
+            )
+            await send_error(scope, receive, send, error, headers={"retry-after": str(self.retry_after_s)})
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+def check_body(body: dict[str, Any], settings: Settings) -> bool:
+    """Raises for a body over the image or token limits; True when it added the max_tokens cap
+    (the caller re-encodes the body it forwards). Images are counted, not decoded."""
+    images = 0
+    for message in body["messages"]:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "image_url"):
+                continue
+            images += 1
+            if images > settings.max_images_per_request:
+                raise PolicyError(
+                    f"Too many images: at most {settings.max_images_per_request} per request.",
+                    param="messages",
+                    code="too_many_images",
+                )
+            spec = part.get("image_url")
+            url = spec.get("url") if isinstance(spec, dict) else spec
+            if isinstance(url, str) and url.startswith("data:") and data_url_size(url) > settings.max_image_bytes:
+                message = f"Image {images} exceeds {settings.max_image_bytes} bytes."
+                raise PayloadTooLarge(message, param="messages", code="image_too_large")
+    cap = settings.max_tokens_cap
+    asked = False
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        asked = True
+        if isinstance(value, float) and value.is_integer():
+            value = body[name] = int(value)  # 256.0 is an integer in JSON Schema, and to vLLM
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PolicyError(f"'{name}' must be a positive integer.", param=name)
+        if cap is not None and value > cap:
+            raise PolicyError(
+                f"'{name}' is {value}, above this server's limit of {cap}.", param=name, code="max_tokens_too_large"
+            )
+    if cap is not None and not asked:
+        body["max_tokens"] = cap
+        return True
+    return False
+
+
+def data_url_size(url: str) -> int:
+    """Decoded size of a base64 data URL, from its length alone."""
+    comma = url.find(",")
+    if comma < 0:
+        return 0
+    length = len(url) - comma - 1
+    padding = 2 if url.endswith("==") else 1 if url.endswith("=") else 0
+    return max(0, length * 3 // 4 - padding)
