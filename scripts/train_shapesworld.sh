@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Trains the ShapesWorld model from scratch on CPU (seeded; see shapesworld/model/train.py) into
 # var/sw-train, at the lowest CPU priority so that it only takes idle cores, and logs to
-# var/sw-train/train.log. The chosen checkpoint ends up in var/sw-train/final; --install then copies it
+# var/sw-train/train.log (appended, so a --resume continues the same log). The chosen checkpoint ends up in var/sw-train/final; --install then copies it
 # to shapesworld/model/weights/ (the committed weights).
 # Usage: scripts/train_shapesworld.sh [--install] [train.py options, e.g. --minutes 70 --seed 0]
 #        (PYTHON=... for another interpreter, OUT=... for another run folder)
@@ -12,7 +12,7 @@ OUT=${OUT:-var/sw-train}
 INSTALL=0
 if [[ "${1:-}" == "--install" ]]; then INSTALL=1; shift; fi
 mkdir -p "$OUT"
-nice -n 19 "$PY" -m shapesworld.model.train --out "$OUT" "$@" 2>&1 | tee "$OUT/train.log"
+nice -n 19 "$PY" -m shapesworld.model.train --out "$OUT" "$@" 2>&1 | tee -a "$OUT/train.log"
 if [[ $INSTALL == 1 ]]; then
     rm -rf shapesworld/model/weights
     cp -r "$OUT/final" shapesworld/model/weights

@@ -28,7 +28,16 @@ RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
 ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
 STEP_OUTCOMES = ("fixed", "failed")
 REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
-UPSTREAM_ERRORS = ("connect", "status", "stream_broken", "stream_truncated", "malformed", "stream_error", "other")
+UPSTREAM_ERRORS = (
+    "connect",
+    "status",
+    "stream_broken",
+    "stream_truncated",
+    "stalled",
+    "malformed",
+    "stream_error",
+    "other",
+)
 DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -1,0 +1,269 @@
+"""Fuzzing: schemathesis against the proxy's own OpenAPI schema, and hypothesis on the parsers a
+request or an upstream reply goes through.
+
+The schemathesis run is bounded (a fixed number of generated cases, each sent in three variants) and
+goes through the whole app in-process with a MockTransport vLLM that fails on purpose for some seeds.
+The property: no 5xx and no error frame except for the requests whose upstream failure was injected
+(then only upstream errors), and every event stream ends with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis.generation import GenerationMode
+
+from clients.vllm import _parse_chunk
+from detectors.base import Usage
+from faithcore.errors import FaithproxyError, PolicyError, UpstreamError
+from server.app import create_app
+from server.limits import check_body
+from server.policy import RequestPolicy, policy_from_headers
+from server.reader import RoundReader
+from server.routers.chat import _parse_body
+from server.settings import Settings
+from tests.server.fakes import MockVLLM, completion, delta, frames, sse, streamed
+
+INJECTED = "injected upstream failure"
+
+
+class FlakyVLLM(MockVLLM):
+    """Healthy, except for bodies whose integer `seed` asks for a failure: seed % 7 == 3 is an HTTP 500,
+    seed % 7 == 5 a stream cut off mid-way (a deliberate upstream error, allowed to surface as 5xx)."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        seed, stream = None, False
+        if request.url.path == "/v1/chat/completions":
+            try:
+                body = json.loads(request.content)
+                seed, stream = body.get("seed"), body.get("stream") is True
+            except (ValueError, AttributeError):
+                pass
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            seed = 0
+        if seed % 7 == 3 or (seed % 7 == 5 and not stream):
+            self.requests.append(request)
+            error = {"error": {"message": INJECTED, "type": "InternalServerError"}}
+            return streamed(500, json.dumps(error).encode(), "application/json")
+        if seed % 7 == 5:
+            self.requests.append(request)
+            return streamed(
+                200, sse(delta("The image shows a cat. "), delta("It sits"), done=False), "text/event-stream"
+            )
+        response = super().__call__(request)
+        if request.url.path == "/v1/chat/completions" and response.headers["content-type"] == "application/json":
+            # Non-streamed calls are the prompt detector's self-checks: answer like a self-checker.
+            return httpx.Response(200, json=completion("FAITHFUL"))
+        return response
+
+
+APP = create_app(
+    Settings(upstream_url="http://vllm.test", default_detector="none", max_tokens_cap=4096),
+    upstream_transport=FlakyVLLM().transport(),
+)
+SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
+CASES = {GenerationMode.POSITIVE: 700, GenerationMode.NEGATIVE: 400}
+# Bounded and reproducible: a fixed seed, and no shrinking (a failure prints its reproduce_failure blob).
+FUZZ_SETTINGS = settings(
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+    print_blob=True,
+    phases=[Phase.explicit, Phase.generate],
+)
+
+
+def injected(body: Any) -> bool:
+    """Whether FlakyVLLM fails this request on purpose."""
+    seed = body.get("seed") if isinstance(body, dict) else None
+    return isinstance(seed, int) and not isinstance(seed, bool) and seed % 7 in (3, 5)
+
+
+def check(response: Any, failing: bool, seen: Counter[str]) -> None:
+    """No 5xx and no error frame, except the upstream failures injected into this very request."""
+    status = response.status_code
+    seen[f"{status // 100}xx"] += 1
+    if 400 <= status < 500:
+        seen[f"param={response.json()['error'].get('param')}"] += 1
+    if status >= 500:
+        assert failing, f"{status}: {response.text[:500]}"
+        error = response.json()["error"]
+        assert error.get("type") == "upstream_error" or INJECTED in str(error.get("message")), error
+        seen["injected_5xx"] += 1
+    if (response.headers.get("content-type") or [""])[0].startswith("text/event-stream"):
+        data = frames(response.text)
+        assert data and data[-1] == "[DONE]", response.text[-300:]
+        for payload in data[:-1]:
+            error = json.loads(payload).get("error")
+            if error is not None:
+                assert failing and error.get("type") == "upstream_error", payload
+                seen["injected_error_frames"] += 1
+
+
+def variants(case: Any) -> list[dict[str, str]]:
+    """The same generated case as generated, in off mode, and in detect mode."""
+    headers = dict(case.headers or {})
+    return [
+        headers,
+        {**headers, "x-faithproxy-mode": "off"},
+        {**headers, "x-faithproxy-mode": "detect", "x-faithproxy-detector": "none"},
+    ]
+
+
+@pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
+def test_schemathesis_chat_completions(mode: GenerationMode) -> None:
+    operation = SCHEMA["/v1/chat/completions"]["POST"]
+    seen: Counter[str] = Counter()
+
+    @given(case=operation.as_strategy(mode))
+    @settings(FUZZ_SETTINGS, max_examples=CASES[mode])
+    def run(case: Any) -> None:
+        seen["cases"] += 1
+        for headers in variants(case):
+            check(case.call(headers=headers), injected(case.body), seen)
+            seen["requests"] += 1
+
+    run()
+    print(f"schemathesis {mode.value}: {dict(seen)}")
+    assert seen["requests"] >= 2 * CASES[mode]
+    if mode is GenerationMode.POSITIVE:
+        assert seen["2xx"] > seen["requests"] // 10  # the grammar does reach the upstream
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # found by hypothesis: a text part whose text is not a string crashed last_user_text (a 500)
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]},
+        # found by schemathesis: JSON Schema integers may be written 256.0
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 256.0},
+        # OpenAI accepts "stream": null
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": None},
+    ],
+)
+def test_regressions(body: dict[str, Any]) -> None:
+    operation = SCHEMA["/v1/chat/completions"]["POST"]
+    response = operation.Case(body=body, headers={}).call()
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"])
+def test_schemathesis_other_operations(path: str) -> None:
+    if path == "/openapi.json":
+        assert SCHEMA.raw_schema["paths"]["/v1/chat/completions"]["post"]["requestBody"]["required"]
+        return
+    operation = SCHEMA[path]["GET"]
+
+    @given(case=operation.as_strategy(GenerationMode.POSITIVE))
+    @settings(FUZZ_SETTINGS, max_examples=20)
+    def run(case: Any) -> None:
+        assert case.call().status_code == 200
+
+    run()
+
+
+# ---- hypothesis on the parsers ------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+PART = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url", "input_audio"]) | st.text(max_size=5)},
+    optional={"text": JSON, "image_url": JSON | st.fixed_dictionaries({"url": JSON})},
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system"]) | JSON},
+    optional={"content": JSON | st.lists(PART | JSON, max_size=4)},
+)
+BODY = st.fixed_dictionaries(
+    {"model": JSON | st.just("m"), "messages": JSON | st.lists(MESSAGE | JSON, max_size=4)},
+    optional={
+        "stream": JSON,
+        "max_tokens": JSON,
+        "max_completion_tokens": JSON,
+        "n": JSON,
+        "stream_options": JSON,
+    },
+)
+
+
+@given(raw=st.binary(max_size=200) | BODY.map(lambda b: json.dumps(b).encode()))
+def test_parse_body_raises_only_policy_errors(raw: bytes) -> None:
+    try:
+        body = _parse_body(raw)
+    except PolicyError:
+        return
+    assert isinstance(body["model"], str) and body["messages"]
+    try:
+        check_body(body, Settings(max_tokens_cap=100))
+    except PolicyError:
+        return
+
+
+HEADER_NAMES = st.sampled_from(
+    [
+        "x-faithproxy-mode",
+        "x-faithproxy-detector",
+        "x-faithproxy-max-retries",
+        "x-faithproxy-judge",
+        "x-faithproxy-on-detector-error",
+        "x-faithproxy-annotate",
+    ]
+)
+
+
+@given(headers=st.dictionaries(HEADER_NAMES, st.text(max_size=12)))
+def test_policy_from_any_headers_is_a_policy_or_a_policy_error(headers: dict[str, str]) -> None:
+    try:
+        policy = policy_from_headers(headers, Settings(), detectors=["judge", "none"], judges=["a"])
+    except PolicyError as exc:
+        assert exc.param in headers or exc.param == "x-faithproxy-detector"
+        return
+    assert isinstance(policy, RequestPolicy) and 0 <= policy.max_retries <= 10
+
+
+CHUNK = st.fixed_dictionaries(
+    {},
+    optional={
+        "choices": JSON
+        | st.lists(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "index": JSON,
+                    "delta": JSON | st.dictionaries(st.sampled_from(["content", "reasoning", "tool_calls"]), JSON),
+                    "finish_reason": JSON,
+                },
+            )
+            | JSON,
+            max_size=3,
+        ),
+        "usage": JSON,
+        "error": JSON,
+        "id": JSON,
+    },
+)
+
+
+@given(payload=st.text(max_size=50) | JSON.map(json.dumps) | CHUNK.map(json.dumps))
+def test_upstream_chunks_parse_or_raise_upstream_error(payload: str) -> None:
+    """Whatever vLLM streams, the reader gets a well-formed chunk or an UpstreamError, never a crash
+    (a crash would reach the client as an internal-error frame)."""
+    reader = RoundReader(generator=None, body={}, first_index=0)  # type: ignore[arg-type]
+    try:
+        reader._on_chunk(_parse_chunk(payload))
+        Usage().add(reader._usage)  # what the session does with the round's usage
+    except UpstreamError:
+        return
+    except FaithproxyError as exc:  # pragma: no cover - reported with its type
+        raise AssertionError(f"unexpected {type(exc).__name__}") from exc
