@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Trains the ShapesWorld model from scratch on CPU (seeded; see shapesworld/model/train.py) into
-# var/sw-train, at the lowest CPU priority so that it only takes idle cores, and logs to
-# var/sw-train/train.log (appended, so a --resume continues the same log). The chosen checkpoint ends up in var/sw-train/final; --install then copies it
-# to shapesworld/model/weights/ (the committed weights).
+# var/sw-train, at the lowest CPU priority so that it only takes idle cores, and appends its output to
+# var/sw-train/train.log (so a --resume continues the same log). The chosen checkpoint ends up in
+# var/sw-train/final; --install then copies it to shapesworld/model/weights/ (the committed weights).
+# Continue a run: scripts/train_shapesworld.sh --install --minutes 90 --resume var/sw-train/checkpoints/step-NNNNNN
 # Usage: scripts/train_shapesworld.sh [--install] [train.py options, e.g. --minutes 70 --seed 0]
 #        (PYTHON=... for another interpreter, OUT=... for another run folder)
 set -euo pipefail
