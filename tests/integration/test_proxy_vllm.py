@@ -24,6 +24,7 @@ from benchmarks.local_server import running_app
 from clients.judges import JudgeConfig
 from server.app import create_app
 from server.settings import Settings
+from tests.server.fakes import metric
 from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
@@ -114,18 +115,6 @@ async def stream_all(stack: Stack, fixture: str, headers: dict[str, str], **extr
         if chunk.choices and chunk.choices[0].delta.content:
             text += chunk.choices[0].delta.content
     return text, chunks
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-        if all(sample_labels.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def test_stream_corrects_planted_step_with_anthropic_judge(stack: Stack) -> None:
