@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,21 +211,52 @@ async def test_prompt_detector_uses_the_generator_itself(stack: Stack) -> None:
     assert chunks[-1].model_extra["faithfulness"]["detector"] == "prompt"
 
 
-async def test_off_mode_is_transparent(stack: Stack) -> None:
-    body = {**request("green_circle", stack.model), "stream": True}
-    async with httpx.AsyncClient(timeout=60) as http:
-        direct = await http.post(f"{stack.vllm_url}/v1/chat/completions", json=body)
-        proxied = await http.post(
-            f"{stack.proxy_url}/v1/chat/completions", json=body, headers={"X-Faithproxy-Mode": "off"}
+class RecordingTransport(httpx.AsyncBaseTransport):
+    """The real network under the proxy's vLLM client, keeping a copy of every response byte."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.received: dict[str, bytearray] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        record = self.received.setdefault(request.url.path, bytearray())
+        upstream = response.stream
+
+        class Tee(httpx.AsyncByteStream):
+            async def __aiter__(self):  # type: ignore[override]
+                async for chunk in upstream:  # type: ignore[union-attr]
+                    record.extend(chunk)
+                    yield chunk
+
+            async def aclose(self) -> None:
+                await upstream.aclose()  # type: ignore[union-attr]
+
+        return httpx.Response(
+            response.status_code, headers=response.headers, stream=Tee(), extensions=response.extensions
         )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_off_mode_is_transparent(vllm_server: Any) -> None:
+    """The client gets exactly the bytes vLLM sent for its request (recorded under the proxy's client)."""
+    tap = RecordingTransport()
+    app = create_app(Settings(upstream_url=vllm_server.base_url), upstream_transport=tap)
+    body = {**request("green_circle", vllm_server.model), "stream": True}
+    async with running_app(app) as proxy_url, httpx.AsyncClient(timeout=60) as http:
+        tap.received.clear()  # the lifespan's model listing
+        proxied = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers={"X-Faithproxy-Mode": "off"})
     assert proxied.status_code == 200
-
-    def normalise(raw: str) -> str:  # ids and timestamps differ between two requests, nothing else may
-        raw = re.sub(r'"id":"[^"]+"', '"id":"x"', raw)
-        return re.sub(r'"created":\d+', '"created":0', raw)
-
-    assert normalise(proxied.text) == normalise(direct.text)
+    assert proxied.content == bytes(tap.received["/v1/chat/completions"])
     assert proxied.text.endswith("data: [DONE]\n\n")
+    streamed = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in proxied.text.split("\n\n")
+        if line.startswith("data: {") and json.loads(line[6:])["choices"]
+    )
+    assert streamed == spec.chain_text(spec.get("green_circle"))
 
 
 async def test_models_and_health(stack: Stack) -> None:
