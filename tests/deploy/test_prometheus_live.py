@@ -30,12 +30,11 @@ from openai import AsyncOpenAI
 
 from benchmarks.judge_server import create_app as create_judge_app
 from benchmarks.local_server import running_app
-from clients.judges import JudgeConfig
 from faithcore.types import StepKind
 from server.app import create_app
-from server.settings import Settings
 from tests.deploy import assets
 from tests.deploy.prometheus_server import PrometheusError, PrometheusServer, render_config, start_prometheus
+from tests.support import local_judge_settings
 from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
@@ -168,32 +167,7 @@ class Stack:
 async def stack(prometheus_binary: str, vllm_server: Any, tmp_path: Path) -> AsyncIterator[Stack]:
     judge_app = create_judge_app(spec.oracle_json())
     async with running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url:
-        settings = Settings(
-            upstream_url=vllm_server.base_url,
-            judges=[
-                JudgeConfig(
-                    name="claude",
-                    backend="anthropic",
-                    model="judge",
-                    base_url=judge_url,
-                    api_key="k1",
-                    timeout_s=5,
-                    max_retries=0,
-                ),
-                JudgeConfig(
-                    name="qwen",
-                    backend="openai",
-                    model="judge",
-                    base_url=f"{judge_url}/v1",
-                    api_key="k2",
-                    timeout_s=5,
-                    max_retries=0,
-                    temperature=0.0,
-                ),
-            ],
-            default_judge="claude",
-            regeneration_temperature=0.0,  # the fixture model is trained for greedy decoding
-        )
+        settings = local_judge_settings(vllm_server.base_url, judge_url)
         async with running_app(create_app(settings)) as proxy_url:
             config = render_config(
                 {"faithproxy": proxy_url.removeprefix("http://"), "vllm": vllm_server.base_url.removeprefix("http://")}

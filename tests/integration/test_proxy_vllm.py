@@ -20,10 +20,10 @@ from openai import AsyncOpenAI
 
 from benchmarks.judge_server import create_app as create_judge_app
 from benchmarks.local_server import running_app
-from clients.judges import JudgeConfig
 from server.app import create_app
 from server.settings import Settings
 from tests.server.fakes import metric
+from tests.support import local_judge_settings
 from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
@@ -50,33 +50,7 @@ class Stack:
 async def stack(vllm_server: Any, tmp_path: Path) -> AsyncIterator[Stack]:
     judge_app = create_judge_app(spec.oracle_json())
     async with running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url:
-        settings = Settings(
-            upstream_url=vllm_server.base_url,
-            judges=[
-                JudgeConfig(
-                    name="claude",
-                    backend="anthropic",
-                    model="judge",
-                    base_url=judge_url,
-                    api_key="k1",
-                    timeout_s=5,
-                    max_retries=0,
-                ),
-                JudgeConfig(
-                    name="qwen",
-                    backend="openai",
-                    model="judge",
-                    base_url=f"{judge_url}/v1",
-                    api_key="k2",
-                    timeout_s=5,
-                    max_retries=0,
-                    temperature=0.0,
-                ),
-            ],
-            default_judge="claude",
-            trace_path=str(tmp_path / "traces.jsonl"),
-            regeneration_temperature=0.0,  # the fixture model is trained for greedy decoding
-        )
+        settings = local_judge_settings(vllm_server.base_url, judge_url, trace_path=str(tmp_path / "traces.jsonl"))
         app = create_app(settings)
         async with running_app(app) as proxy_url:
             client = AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -1,0 +1,26 @@
+"""Helpers shared by the tests that run the proxy against real vLLM and the local judge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clients.judges import JudgeConfig
+from server.settings import Settings
+
+
+def local_judge_settings(vllm_url: str, judge_url: str, **overrides: Any) -> Settings:
+    """Proxy settings with the local judge behind both wire protocols: `claude` (Anthropic Messages,
+    the default) and `qwen` (OpenAI chat). Greedy regeneration: the fixture model is trained for it."""
+    judges = [
+        JudgeConfig(name="claude", backend="anthropic", model="judge", base_url=judge_url, api_key="k1",
+                    timeout_s=5, max_retries=0),
+        JudgeConfig(name="qwen", backend="openai", model="judge", base_url=f"{judge_url}/v1", api_key="k2",
+                    timeout_s=5, max_retries=0, temperature=0.0),
+    ]  # fmt: skip
+    return Settings(
+        upstream_url=vllm_url,
+        judges=judges,
+        default_judge="claude",
+        regeneration_temperature=0.0,
+        **overrides,
+    )
