@@ -27,7 +27,7 @@ from detectors.base import ChainContext, Detector
 from faithcore.errors import DetectorError, FaithproxyError, RegenerationError
 from faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
 from regenerators.base import Regenerator
-from server.metrics import Metrics
+from server.metrics import DETECTOR_ERRORS, Metrics
 from server.policy import RequestPolicy
 from server.reader import ExtraDelta, Item, RoundEnd, RoundFailed, RoundReader, TextDelta, TrailingRaw
 from server.settings import Settings
@@ -179,7 +179,7 @@ class ChainSession:
             failure = failure or next((i for i in pending if isinstance(i, RoundFailed)), None)
             if failure is not None and failure in pending:
                 del pending[pending.index(failure) :]
-            ended = ended or self._take_end(pending, reader)
+            ended = ended or self._take_end(pending)
             if not pending:
                 if failure is not None:
                     raise _as_faithproxy_error(failure.error)
@@ -214,7 +214,7 @@ class ChainSession:
                 self.ctx.usage.completion_tokens += reader.deltas_seen
                 return
 
-    def _take_end(self, pending: list[Item], reader: RoundReader) -> RoundEnd | None:
+    def _take_end(self, pending: list[Item]) -> RoundEnd | None:
         ends = [i for i in pending if isinstance(i, RoundEnd)]
         if not ends:
             return None
@@ -409,7 +409,7 @@ class ChainSession:
                     if isinstance(item, RoundFailed):
                         raise _as_faithproxy_error(item.error)
                     if isinstance(item, RoundEnd):
-                        ended = self._take_end([item], reader)
+                        ended = self._take_end([item])
                     elif isinstance(item, TextDelta):
                         self.field_names.setdefault(item.channel, item.field)
                         self._accepted_raw[item.channel] += item.text
@@ -450,8 +450,6 @@ def _leading(raw: str, text: str) -> str:
 
 
 def _detector_reason(exc: DetectorError) -> str:
-    from server.metrics import DETECTOR_ERRORS
-
     return exc.code if exc.code in DETECTOR_ERRORS else "other"
 
 
