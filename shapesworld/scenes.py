@@ -28,7 +28,9 @@ from shapesworld.world import (
     side_lengths,
 )
 
-DEFAULT_SIZE = 112  # square: a known vLLM/transformers mismatch concerns non-square patch grids
+# Square (a known vLLM/transformers mismatch concerns non-square patch grids) and 3 x 28 px: the model's
+# 14 px patches merge 2x2 into exactly one image token per grid cell (see shapesworld/model/probe.py).
+DEFAULT_SIZE = 84
 MAX_OBJECTS = 4
 _MARGIN = 2  # free pixels between an object and its cell's edge, so objects never touch
 

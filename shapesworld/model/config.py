@@ -2,9 +2,9 @@
 
 Constraints from vLLM's CPU backend (see ../shared/notes/VLLM_CPU.md): the text head_dim must be one
 its attention kernel accepts (32, 64, 80, ...) and `mrope_section` must sum to head_dim / 2. Images
-are 112x112 (square: a non-square patch grid is where vLLM and transformers were seen to disagree),
-i.e. an 8x8 patch grid merged to 16 image tokens; the vision window (112 px) covers the whole image,
-so window and full attention see the same tokens. The processor, generation config and saving come
+are 84x84 (square: a non-square patch grid is where vLLM and transformers were seen to disagree),
+i.e. a 6x6 patch grid merged to 9 image tokens, one per grid cell; the vision window (112 px) covers
+the whole image, so window and full attention see the same tokens. The processor, generation config and saving come
 from `tinyvlm.build`, so both tiny models are laid out the same way on disk.
 """
 

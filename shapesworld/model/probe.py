@@ -6,9 +6,13 @@ against differences of ~0.02), after which every image gave the text model the s
 held-out loss with shuffled images equalled the loss with the true ones. Once there, the chain loss
 has no gradient left to undo it.
 
-The probe gives the vision tower a direct signal instead: a linear map from an image's merged tokens
-to the contents of each of the 9 grid cells (empty or which shape; colour and size where there is an
-object), trained with cross-entropy on the scene's ground truth next to the chain loss. It is not
+The probe gives the vision tower a direct signal instead: images are 84x84, so the merged tokens form
+a 3x3 grid that lines up with the 3x3 grid of cells (28 px each), and one linear map, shared by all
+tokens, reads token i as the contents of cell i (empty or which shape; colour and size where there is
+an object), trained with cross-entropy on the scene's ground truth next to the chain loss. Keeping
+each cell's contents in its own token is what makes them easy for the text model to look up: the
+second run (112 px, 16 tokens, a probe over all tokens at once) still described objects in empty
+cells in 70% of its perception sentences after 50k samples. It is not
 part of the model: it is never saved with it, vLLM never sees it, and the text model still has to
 learn to read the tokens and say what is there, so the errors it makes remain its own.
 """
@@ -28,17 +32,19 @@ IGNORE = -100
 class CellProbe(torch.nn.Module):
     def __init__(self, tokens_per_image: int, hidden: int) -> None:
         super().__init__()
+        if tokens_per_image != len(CELLS):
+            raise ValueError(f"the cell probe needs one image token per cell ({len(CELLS)}), got {tokens_per_image}")
         self.tokens_per_image = tokens_per_image
-        self.shape = torch.nn.Linear(tokens_per_image * hidden, len(CELLS) * (1 + len(SHAPES)))
-        self.colour = torch.nn.Linear(tokens_per_image * hidden, len(CELLS) * len(COLOURS))
-        self.size = torch.nn.Linear(tokens_per_image * hidden, len(CELLS) * len(SIZES))
+        self.shape = torch.nn.Linear(hidden, 1 + len(SHAPES))
+        self.colour = torch.nn.Linear(hidden, len(COLOURS))
+        self.size = torch.nn.Linear(hidden, len(SIZES))
 
     def loss(self, features: torch.Tensor, scenes: Sequence[Scene]) -> tuple[torch.Tensor, float]:
         """Mean cross-entropy over cells and attributes, and the share of cells read entirely right.
 
         `features` are the vision tower's merged tokens for the batch's images, in order.
         """
-        x = features.reshape(len(scenes), -1)
+        x = features.reshape(len(scenes), len(CELLS), -1)  # merged tokens come in raster order, as cells do
         shape_t, colour_t, size_t = cell_targets(scenes)
         heads = ((self.shape, shape_t, 1 + len(SHAPES)), (self.colour, colour_t, len(COLOURS)), (self.size, size_t, 2))
         total = features.new_zeros(())

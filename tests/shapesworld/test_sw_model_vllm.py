@@ -1,6 +1,6 @@
 """Real vLLM serves the committed ShapesWorld model, with the same greedy output as transformers.
 
-The model is float32 and vLLM runs it in float32 (`tinyvlm.serve`); images are 112x112, a square
+The model is float32 and vLLM runs it in float32 (`tinyvlm.serve`); images are 84x84, a square
 patch grid (a non-square grid is where the issue's trial saw the two engines disagree).
 """
 

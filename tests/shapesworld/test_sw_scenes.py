@@ -90,9 +90,9 @@ def test_every_attribute_value_occurs(fixed_scenes):
     assert {len(s.objects) for s in fixed_scenes} == set(range(1, MAX_OBJECTS + 1))
 
 
-def test_default_canvas_is_square_112():
+def test_default_canvas_is_square_84_one_token_per_cell():
     image = render(generate_scene(0, 0))
-    assert image.size == (112, 112) and image.mode == "RGB"
+    assert image.size == (84, 84) and image.mode == "RGB"
 
 
 @pytest.mark.parametrize(("width", "height"), [(72, 72), (224, 224), (160, 112)])
@@ -112,6 +112,6 @@ def test_a_known_scene_is_pinned():
     """Changing the generator changes every dataset built from it: make that a deliberate edit."""
     scene = generate_scene(0, 1)
     assert [(o.shape, o.colour, o.size, o.row, o.col, o.bbox) for o in scene.objects] == [
-        ("triangle", "yellow", "small", 0, 1, (46, 7, 59, 20)),
-        ("square", "green", "small", 0, 2, (96, 10, 109, 23)),
+        ("triangle", "yellow", "small", 0, 1, (37, 7, 46, 16)),
+        ("square", "green", "small", 0, 2, (66, 10, 75, 19)),
     ]
