@@ -87,7 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     detectors = sub.add_parser("detectors", help="list the detectors")
     detectors.set_defaults(func=_detectors)
+
+    # Offline tools live in benchmarks/ (they import the server, not the other way round): these two
+    # subcommands only hand the rest of the command line over, imported when used.
+    bench = sub.add_parser("bench", help="labelled chains, metrics, replay, benchmark runs (faithproxy bench -h)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=lambda args: _delegate("benchmarks.cli", args.rest))
+    probe = sub.add_parser("probe", help="train and evaluate hidden-state probes (faithproxy probe -h)")
+    probe.add_argument("rest", nargs=argparse.REMAINDER)
+    probe.set_defaults(func=lambda args: _delegate("benchmarks.probe_cli", args.rest))
     return parser
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    return int(importlib.import_module(module).main(argv) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
