@@ -90,22 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Offline tools live in benchmarks/ (they import the server, not the other way round): these two
     # subcommands only hand the rest of the command line over, imported when used.
-    bench = sub.add_parser("bench", help="labelled chains, metrics, replay, benchmark runs (faithproxy bench -h)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=lambda args: _delegate("benchmarks.cli", args.rest))
-    probe = sub.add_parser("probe", help="train and evaluate hidden-state probes (faithproxy probe -h)")
-    probe.add_argument("rest", nargs=argparse.REMAINDER)
-    probe.set_defaults(func=lambda args: _delegate("benchmarks.probe_cli", args.rest))
+    # `main` hands their arguments over before parsing; they are listed here for `faithproxy -h`.
+    for name, help_text in DELEGATED_HELP.items():
+        sub.add_parser(name, help=help_text)
     return parser
 
 
-def _delegate(module: str, argv: list[str]) -> int:
-    import importlib
-
-    return int(importlib.import_module(module).main(argv) or 0)
+DELEGATED = {"bench": "benchmarks.cli", "probe": "benchmarks.probe_cli"}
+DELEGATED_HELP = {
+    "bench": "labelled chains, metrics, replay, benchmark runs (faithproxy bench -h)",
+    "probe": "train and evaluate hidden-state probes (faithproxy probe -h)",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return int(importlib.import_module(DELEGATED[argv[0]]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
