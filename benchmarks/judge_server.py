@@ -25,16 +25,27 @@ Typing of sentences in neither list: a small keyword heuristic (conclusions, pla
 REASONING, everything else PERCEPTION); listed unfaithful sentences are always PERCEPTION. Texts are
 compared normalised: lower case, single spaces, without surrounding quotes and final punctuation.
 
+Pixel judge (`--shapesworld`, or `create_app(PixelJudge())`): instead of an oracle, the verdicts come
+from the image itself. The request's inline image (base64 in Anthropic's source block, or a data URL
+in OpenAI's image_url) is read by the ShapesWorld scene parser (shapesworld/parser.py: pixels, not a
+stored scene), each sentence is read by the world's grammar (shapesworld/language.py) and checked
+against the parsed objects; sentences the grammar cannot read are typed REASONING and never flagged.
+A request without an inline image gets a 400 (point the proxy's judge at inline images, or let it
+fetch http images: FAITHPROXY_JUDGE_FETCH_IMAGES).
+
 Fault modes (`--mode` or `/_control`): ok | 500 | 429 | garbage (a 200 reply with no judge fields) |
 badjson (a 200 reply that is not JSON) | hang (no reply until the client gives up or the server stops).
 
     python -m benchmarks.judge_server --port 8090 --oracle oracle.json --latency-s 0.5
+    python -m benchmarks.judge_server --port 8090 --shapesworld
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import itertools
 import json
@@ -110,25 +121,49 @@ class Oracle:
     def reply(self, sentences: list[str], already_checked: int = 0) -> str:
         """The judge-format reply an obedient, perfect judge would give."""
         kinds = [self.kind(s) for s in sentences]
-        first = next(
-            (
-                i
-                for i in range(already_checked, len(sentences))
-                if kinds[i] is StepKind.PERCEPTION and self.is_unfaithful(sentences[i])
-            ),
-            None,
-        )
-        lines = [f"[Image description]: {self.description}"]
-        lines += [f"Sentence {i}: {kind.name}" for i, kind in enumerate(kinds, start=1)]
-        if first is None:
-            prefix = f"1-{len(sentences)}" if sentences else "none"
-            lines += ["[Faithfulness]: FAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
-            lines.append("[First unfaithful sentence]:")
-        else:
-            prefix = f"1-{first}" if first else "none"
-            lines += ["[Faithfulness]: UNFAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
-            lines.append(f"[First unfaithful sentence]: Sentence {first + 1}: {sentences[first]}")
-        return "\n".join(lines)
+        unfaithful = [k is StepKind.PERCEPTION and self.is_unfaithful(s) for k, s in zip(kinds, sentences, strict=True)]
+        return format_reply(self.description, sentences, kinds, unfaithful, already_checked)
+
+    def judge(self, sentences: list[str], images: list[bytes], already_checked: int = 0) -> str:
+        return self.reply(sentences, already_checked)
+
+
+class PixelJudge:
+    """Verdicts read off the image: the ShapesWorld scene parser and the world's sentence grammar."""
+
+    def judge(self, sentences: list[str], images: list[bytes], already_checked: int = 0) -> str:
+        from shapesworld.claims import check_chain
+        from shapesworld.judge_reply import describe
+        from shapesworld.parser import parse_image
+
+        if not images:
+            raise ValueError("the pixel judge needs the image inline (base64 or a data URL)")
+        scene = parse_image(images[-1])  # the proxy sends one image per judge call; the latest wins
+        checks = check_chain(sentences, scene.objects).sentences
+        kinds = [StepKind.PERCEPTION if c.kind == "PERCEPTION" else StepKind.REASONING for c in checks]
+        return format_reply(describe(scene), sentences, kinds, [c.faithful is False for c in checks], already_checked)
+
+
+def format_reply(
+    description: str, sentences: list[str], kinds: list[StepKind], unfaithful: list[bool], already_checked: int = 0
+) -> str:
+    """Our judge reply format (detectors/judge_prompt.py); sentences before `already_checked` are not
+    reported, as an obedient judge does with sentences the proxy marks as checked."""
+    first = next((i for i in range(already_checked, len(sentences)) if unfaithful[i]), None)
+    lines = [f"[Image description]: {description}"]
+    lines += [f"Sentence {i}: {kind.name}" for i, kind in enumerate(kinds, start=1)]
+    if first is None:
+        prefix = f"1-{len(sentences)}" if sentences else "none"
+        lines += ["[Faithfulness]: FAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
+        lines.append("[First unfaithful sentence]:")
+    else:
+        prefix = f"1-{first}" if first else "none"
+        lines += ["[Faithfulness]: UNFAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
+        lines.append(f"[First unfaithful sentence]: Sentence {first + 1}: {sentences[first]}")
+    return "\n".join(lines)
+
+
+Verdicts = Oracle | PixelJudge
 
 
 class Control(BaseModel):
@@ -142,7 +177,7 @@ class Control(BaseModel):
 
 @dataclass
 class JudgeServerState:
-    oracle: Oracle
+    oracle: Verdicts
     latency_s: float = 0.0
     mode: FailMode = "ok"
     obey_checked: bool = True
@@ -170,7 +205,10 @@ def _anthropic_parts(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                 texts.append(block.get("text", ""))
             elif block.get("type") == "image":
                 source = block.get("source") or {}
-                images.append({"source": source.get("type"), "media_type": source.get("media_type")})
+                image = {"source": source.get("type"), "media_type": source.get("media_type")}
+                if source.get("type") == "base64":
+                    image["bytes"] = _b64(source.get("data"))
+                images.append(image)
     return "\n".join(texts), images
 
 
@@ -188,8 +226,18 @@ def _openai_parts(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                 texts.append(part.get("text", ""))
             elif part.get("type") == "image_url":
                 url = (part.get("image_url") or {}).get("url", "")
-                images.append({"source": "data" if url.startswith("data:") else "url"})
+                image = {"source": "data" if url.startswith("data:") else "url"}
+                if url.startswith("data:"):
+                    image["bytes"] = _b64(url.partition(",")[2])
+                images.append(image)
     return "\n".join(texts), images
+
+
+def _b64(data: Any) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, TypeError, ValueError) as exc:
+        raise ValueError(f"image data is not base64: {exc}") from None
 
 
 def _error(protocol: str, status: int, kind: str, message: str) -> JSONResponse:
@@ -204,11 +252,12 @@ def _tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def create_app(oracle: Oracle | Mapping[str, Any] | str | Path, latency_s: float = 0.0) -> FastAPI:
-    """The judge server app; `oracle` may be an `Oracle`, its JSON mapping, or a path to the file."""
+def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: float = 0.0) -> FastAPI:
+    """The judge server app; `oracle` may be an `Oracle`, its JSON mapping, a path to the file, or a
+    `PixelJudge`."""
     if isinstance(oracle, str | Path):
         oracle = Oracle.load(oracle)
-    elif not isinstance(oracle, Oracle):
+    elif not isinstance(oracle, Oracle | PixelJudge):
         oracle = Oracle.from_mapping(oracle)
     state = JudgeServerState(oracle=oracle, latency_s=latency_s)
 
@@ -254,14 +303,18 @@ def create_app(oracle: Oracle | Mapping[str, Any] | str | Path, latency_s: float
         state.last_request = {
             "protocol": protocol,
             "model": body.get("model"),
-            "images": images,
+            "images": [{k: v for k, v in i.items() if k != "bytes"} for i in images],
             "has_system": bool(body.get("system"))
             or any(m.get("role") == "system" for m in body.get("messages") or []),
             "sentences": len(prompt.sentences),
             "already_checked": prompt.already_checked,
             "image_hint": prompt.image_hint,
         }
-        return state.oracle.reply(prompt.sentences, checked), info
+        try:
+            reply = state.oracle.judge(prompt.sentences, [i["bytes"] for i in images if "bytes" in i], checked)
+        except ValueError as exc:  # the pixel judge without an inline image, or one it cannot decode
+            return _error(protocol, 400, "invalid_request_error", str(exc))
+        return reply, info
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
@@ -347,11 +400,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
-    parser.add_argument("--oracle", required=True, help="JSON file: {'unfaithful': [...], ...}")
+    verdicts = parser.add_mutually_exclusive_group(required=True)
+    verdicts.add_argument("--oracle", help="JSON file: {'unfaithful': [...], ...}")
+    verdicts.add_argument("--shapesworld", action="store_true", help="judge ShapesWorld images by their pixels")
     parser.add_argument("--latency-s", type=float, default=0.0)
     parser.add_argument("--mode", choices=["ok", "500", "429", "garbage", "badjson", "hang"], default="ok")
     args = parser.parse_args(argv)
-    app = create_app(args.oracle, latency_s=args.latency_s)
+    app = create_app(PixelJudge() if args.shapesworld else args.oracle, latency_s=args.latency_s)
     app.state.judge.mode = args.mode
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="none", timeout_graceful_shutdown=2)
 

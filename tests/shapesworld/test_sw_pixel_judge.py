@@ -1,0 +1,94 @@
+"""The ShapesWorld pixel judge on the wire: faithproxy's own judge detector, through the real anthropic
+and openai SDKs, gets verdicts read off the image's pixels (no oracle, no stored scene)."""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from benchmarks.judge_server import PixelJudge, create_app, running_judge_server
+from clients.judges import JudgeConfig, build_judge
+from detectors.base import ChainContext
+from detectors.judge import JudgeDetector
+from detectors.judge_prompt import build_judge_prompt
+from faithcore.images import parse_image_url
+from faithcore.types import Faithfulness, Step, StepKind
+from shapesworld.chains import reference_chain
+from shapesworld.language import parse_claim, render_claim
+from shapesworld.perturb import perturb_claim
+from shapesworld.questions import make_question
+from shapesworld.scenes import generate_scene, png_bytes, render
+
+F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+@pytest.fixture(params=["anthropic", "openai"])
+async def detector(request: pytest.FixtureRequest) -> AsyncIterator[JudgeDetector]:
+    async with running_judge_server(create_app(PixelJudge())) as url:
+        backend = request.param
+        judge = build_judge(
+            JudgeConfig(
+                name=f"pixels-{backend}",
+                backend=backend,
+                model="shapesworld-pixel-judge",
+                base_url=url if backend == "anthropic" else f"{url}/v1",
+                api_key="sk-test",
+                timeout_s=5,
+                max_retries=0,
+            )
+        )
+        detector = JudgeDetector({judge.name: judge}, judge.name)
+        yield detector
+        await detector.aclose()
+
+
+def chain_with_one_wrong_step(seed: int) -> tuple[bytes, list[str], int]:
+    """A scene's reference chain with one object sentence changed to something the image contradicts."""
+    scene = generate_scene(1234, seed)
+    rng = random.Random(seed)
+    chain = reference_chain(scene, make_question(scene, rng, "attribute"))
+    texts = [s.text for s in chain.steps]
+    candidates = [i for i, s in enumerate(chain.steps) if s.kind == "perception" and parse_claim(s.text) is not None]
+    wrong = candidates[-1]
+    changed = perturb_claim(parse_claim(texts[wrong]), scene.objects, rng)
+    assert changed is not None
+    texts[wrong] = render_claim(changed)
+    return png_bytes(render(scene)), texts, wrong
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_the_pixel_judge_finds_the_contradicted_sentence(detector: JudgeDetector, seed: int) -> None:
+    png, texts, wrong = chain_with_one_wrong_step(seed)
+    steps = [Step(index=i, text=t, raw=t, kind=StepKind.PERCEPTION) for i, t in enumerate(texts)]
+    ctx = ChainContext(
+        request_id=f"sw-{seed}",
+        model="generator",
+        messages=[],
+        question="?",
+        images=[parse_image_url(data_url(png))],
+        accepted=[],
+    )
+    verdicts = await detector.check(ctx, steps)
+    got = [v.faithfulness for v in verdicts]
+    assert got[:wrong] == [F] * wrong and got[wrong] is U, (texts, got)
+    assert all(v is N for v in got[wrong + 1 :])  # after the first unfaithful step nothing is judged
+    assert [v.kind for v in verdicts[-1:]] == [StepKind.REASONING]  # "Option X says ..." is reasoning
+
+
+async def test_the_pixel_judge_refuses_a_request_without_an_inline_image() -> None:
+    async with running_judge_server(create_app(PixelJudge())) as url, httpx.AsyncClient(base_url=url) as http:
+        prompt = build_judge_prompt("?", ["There is 1 object in the image."])
+        body = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": prompt}]}
+        reply = await http.post("/v1/messages", json=body)
+        assert reply.status_code == 400 and "inline" in reply.json()["error"]["message"]
+        broken = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@@"}}
+        body["messages"][0]["content"] = [broken, {"type": "text", "text": prompt}]
+        assert (await http.post("/v1/messages", json=body)).status_code == 400
