@@ -184,3 +184,17 @@ def chains_from_traces(
                 continue
             out.append(chain)
     return out
+
+
+def is_trace_file(path: str | Path) -> bool:
+    """Whether the first record of a JSONL file is a proxy trace (it has a schema version and a prompt)."""
+    for _, record in iter_trace_records(path):
+        return isinstance(record, dict) and "version" in record and "prompt" in record
+    return False
+
+
+def read_any(path: str | Path, *, view: View = "delivered") -> list[LabelledChain]:
+    """Labelled chains from a labelled-chain file, or converted from a proxy trace file."""
+    from benchmarks.labelled import read_chains
+
+    return chains_from_traces([path], view=view) if is_trace_file(path) else read_chains(path)

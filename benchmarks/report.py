@@ -11,7 +11,8 @@ it) and one PNG per section (matplotlib, Agg backend). Each section is optional.
 Inputs:
 - UPR comes from labelled chains (labels by ground truth or by `bench judge-upr`). Accuracy counts a
   chain correct when its record says so (`"correct": true|false`, as benchmark runs write it), else
-  when its `answer` matches `gold_answer` (`answers_match`: the same option letter or the same text);
+  when its `answer` matches `gold_answer` (`answers_match`: the same option letter, read from the
+  reply by benchmarks/mcq.py, or the same text);
   chains without a gold answer are left out of accuracy.
 - Regeneration outcomes come from proxy traces, or from labelled chains converted from them (both keep
   each step's `attempts`, `original_text` and `residual_reason`).
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.labelled import LabelledChain
+from benchmarks.mcq import LETTERS, extract_choice
 from benchmarks.metrics import upr
 
 # The paper's numbers (001, ThinkLite-VL-7B), for the "paper" columns: METHOD.md.
@@ -45,21 +47,6 @@ PAPER_TABLE_12 = {"fixed": [2096, 794, 425], "failed": 2217}
 
 # ------------------------------------------------------------------------------------------ accuracy
 
-_LETTER_PATTERNS = [
-    re.compile(r"\\boxed\{\s*\(?([A-Ea-e])\)?\s*\}"),
-    re.compile(r"<answer>\s*\(?([A-Ea-e])\)?\s*</answer>", re.IGNORECASE),
-    re.compile(r"answer\s*(?:is|:)\s*(?:option\s*)?\(?([A-Ea-e])\)?(?![A-Za-z])", re.IGNORECASE),
-    re.compile(r"^\s*\(?([A-Ea-e])\)?(?:[.):]|\s*$)"),
-]
-
-
-def _letter(text: str) -> str | None:
-    for pattern in _LETTER_PATTERNS:
-        matches = pattern.findall(text)
-        if matches:
-            return matches[-1].upper()
-    return None
-
 
 def _norm(text: str) -> str:
     return " ".join(text.lower().replace(".", " ").split())
@@ -69,8 +56,9 @@ def answers_match(answer: str | None, gold: str) -> bool:
     """Same option letter (when gold is one) or the same text, ignoring case, periods and spacing."""
     if answer is None:
         return False
-    if re.fullmatch(r"\s*\(?[A-Ea-e]\)?\s*", gold):
-        return _letter(answer) == gold.strip().strip("()").upper()
+    if re.fullmatch(r"\s*\(?[A-Za-z]\)?\s*", gold):
+        letter = gold.strip().strip("()").upper()
+        return extract_choice(answer, n_options=max(4, LETTERS.index(letter) + 1)) == letter
     return _norm(answer) == _norm(gold)
 
 
