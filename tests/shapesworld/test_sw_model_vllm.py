@@ -37,8 +37,8 @@ def transformers_replies(heldout: list[Any]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def client(transformers_replies: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from shapesworld.model.evaluate import SERVED_NAME, VLLMClient
+def server(transformers_replies: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from shapesworld.model.evaluate import SERVED_NAME
     from tinyvlm.serve import VLLMStartError, start_vllm
 
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
@@ -47,7 +47,14 @@ def client(transformers_replies: list[str], tmp_path_factory: pytest.TempPathFac
     except VLLMStartError as exc:
         pytest.fail(str(exc))
     with server:
-        yield VLLMClient(server.openai_base_url, server.model, 160)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Any:
+    from shapesworld.model.evaluate import VLLMClient
+
+    return VLLMClient(server.openai_base_url, server.model, 160)
 
 
 def test_vllm_answers_with_well_formed_chains_identical_to_transformers(
@@ -58,3 +65,32 @@ def test_vllm_answers_with_well_formed_chains_identical_to_transformers(
     replies = [client.reply(i.question.prompt, i.scene) for i in heldout]  # one at a time
     assert all(score_reply(i, r).well_formed for i, r in zip(heldout, replies, strict=True)), replies
     assert replies == transformers_replies
+
+
+async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth(
+    server: Any, client: Any, heldout: list[Any], tmp_path: Any
+) -> None:
+    """A small `faithproxy bench shapesworld` run: real vLLM, the proxy, the pixel judge over HTTP."""
+    from benchmarks.shapesworld_bench import chain_scores, draft_scores, labelled_record, run_all
+
+    items = heldout[:5]
+    raw = await run_all(server.base_url, items, ["judge"], 5, tmp_path, 3)
+    assert raw["vanilla_replies"] == [client.reply(i.question.prompt, i.scene) for i in items]  # greedy, untouched
+    replies = raw["judge"]["replies"]
+    traces = [raw["traces"][request_id] for _, request_id, _ in replies]  # one trace per request, none lost
+    drafts = draft_scores(items, traces)
+    truth = drafts["detector_vs_ground_truth"]
+    assert drafts["draft_perception_steps"] > 0
+    # The pixel judge reads the same objects the scenes were drawn from: it flags exactly the false drafts.
+    assert truth["fp"] == 0 and truth["fn"] == 0, drafts
+    flagged = truth["tp"]
+    assert sum(drafts["regeneration_outcomes"].values()) == flagged
+    corrected = chain_scores(items, [content for content, _, _ in replies])
+    residual = sum(s["residual"] for t in traces for s in t["steps"] if s["kind"] == "perception")
+    # Every false sentence left in the returned chains is one the proxy kept after K failed tries.
+    assert corrected["unfaithful_steps"] == residual
+    fixed = sum(n for k, n in drafts["regeneration_outcomes"].items() if k.startswith("fixed"))
+    assert drafts["accepted_fixes_true_by_ground_truth"] == (1.0 if fixed else 0.0)
+    record = labelled_record(items[0], replies[0][0], items[0].id)
+    assert record["gold_answer"] == items[0].question.gold_letter and record["steps"]
+    assert {s["kind"] for s in record["steps"]} <= {"perception", "reasoning"}
