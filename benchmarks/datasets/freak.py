@@ -171,12 +171,19 @@ def parse_judgement(text: str) -> str | None:
 
 
 async def judge(
-    items: Sequence[Item], predictions: Mapping[str, Prediction], backend: JudgeBackend, *, concurrency: int = 4
+    items: Sequence[Item],
+    predictions: Mapping[str, Prediction],
+    backend: JudgeBackend | Sequence[JudgeBackend],
+    *,
+    concurrency: int = 4,
 ) -> dict[str, dict[str, Any]]:
     """The judge's label for every free-form reply: `{id: {"judgement", "judge_reply"}}`.
 
-    A judge failure leaves the item without a label (`judge_error` says why); it counts as unjudged.
+    Given several judges, the first one labels. A judge failure leaves the item without a label
+    (`judge_error` says why); it counts as unjudged.
     """
+    if not isinstance(backend, JudgeBackend):
+        backend = backend[0]
     limit = asyncio.Semaphore(concurrency)
 
     async def one(item: Item) -> tuple[str, dict[str, Any]]:
