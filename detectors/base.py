@@ -69,5 +69,9 @@ class Detector(abc.ABC):
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
         """One verdict per step of `new_steps`, in the same order."""
 
+    def validate_request(self, ctx: ChainContext) -> None:  # noqa: B027 - optional hook
+        """Raise a PolicyError before anything is sent upstream if this detector cannot serve the request
+        (the probe refuses a model it was not trained on)."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release pooled connections; called from the server's lifespan."""

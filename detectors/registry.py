@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,17 +26,23 @@ DETECTORS: dict[str, Entry] = {
     "judge": Entry("detectors.judge:JudgeDetector", "auxiliary VLM judge (Anthropic or OpenAI-compatible)"),
     "prompt": Entry("detectors.prompt:SelfCheckDetector", "self-assessment prompting of the generator"),
     "none": Entry("detectors.none:NoneDetector", "no check: every step passes unchecked"),
-    "probe": Entry("detectors.probe:ProbeDetector", "linear probe on hidden states (not built yet)", False),
-    "cascade": Entry("detectors.cascade:CascadeDetector", "probe, then judge when unsure (not built yet)", False),
+    "probe": Entry("detectors.probe:ProbeDetector", "classifier over the generator's hidden states (vLLM route 1)"),
+    "cascade": Entry("detectors.cascade:CascadeDetector", "probe when confident, judge otherwise"),
 }
 
 
 @dataclass
 class DetectorDeps:
-    """What detectors may need from the server: judge backends by name, the default judge."""
+    """What detectors may need from the server: judge backends by name, the default judge; for the probe
+    and the cascade a loaded probe and a hidden-states client (both, or neither is built)."""
 
     judges: dict[str, Any] = field(default_factory=dict)
     default_judge: str | None = None
+    probe: Any = None  # detectors.probe.Probe
+    hidden: Any = None  # clients.hidden_states.HiddenStatesClient
+    cascade_low: float = 0.1
+    cascade_high: float = 0.9
+    on_cascade_decision: Callable[[str, int], None] | None = None
 
 
 def resolve(name: str) -> type[Detector]:
@@ -62,6 +69,19 @@ def build_detectors(deps: DetectorDeps) -> dict[str, Detector]:
                 continue  # no judge configured on this server: the name is refused per request
             default = deps.default_judge or next(iter(deps.judges))
             built[name] = cls(deps.judges, default)  # type: ignore[call-arg]
+        elif name in ("probe", "cascade"):
+            continue  # built below, from the probe file and the hidden-states client
         else:
             built[name] = cls()
+    if deps.probe is not None and deps.hidden is not None:
+        probe = resolve("probe")(deps.probe, deps.hidden)  # type: ignore[call-arg]
+        built["probe"] = probe
+        if "judge" in built:
+            built["cascade"] = resolve("cascade")(  # type: ignore[call-arg]
+                probe,
+                built["judge"],
+                low=deps.cascade_low,
+                high=deps.cascade_high,
+                on_decision=deps.on_cascade_decision,
+            )
     return built

@@ -5,7 +5,9 @@
     │   ├── ImageRefused            400 invalid_request_error   (an image URL the fetch policy refuses,
     │   │                                                         or one that could not be fetched)
     │   ├── PayloadTooLarge         413 invalid_request_error   (request body or one image too large)
-    │   └── HeadersTooLarge         431 invalid_request_error
+    │   ├── HeadersTooLarge         431 invalid_request_error
+    │   └── ProbeMismatch           409 invalid_request_error   (the probe was trained for another model
+    │                                                             or other layers than it is asked to read)
     ├── AuthError                   401 invalid_request_error   (missing or wrong proxy API key)
     ├── Overloaded                  429 rate_limit_error        (concurrency limit reached; Retry-After)
     ├── UpstreamError               502 upstream_error          (vLLM failed or is unreachable)
@@ -50,6 +52,13 @@ class PayloadTooLarge(PolicyError):
 
 class HeadersTooLarge(PolicyError):
     status_code = 431
+
+
+class ProbeMismatch(PolicyError):
+    status_code = 409
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="probe_mismatch")
 
 
 class AuthError(FaithproxyError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StepKind(enum.StrEnum):
@@ -74,3 +75,6 @@ class Step:
     residual: bool = False  # still unfaithful (or unchecked) when it was emitted
     residual_reason: str | None = None  # regeneration_failed | not_corrected | unchecked
     unchecked_reason: str | None = None
+    # Hidden-state features of the ORIGINAL text (a numpy vector), when a probe or the feature recorder
+    # read them; written to the trace for training probes.
+    features: Any = field(default=None, repr=False)

@@ -67,7 +67,27 @@ def create_app(
         if fetcher is None and any(cfg.fetch_images for cfg in settings.judges):
             fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
-        detectors = build_detectors(DetectorDeps(judges=judges, default_judge=settings.default_judge))
+        hidden = probe = None
+        if settings.hidden_states_layers:
+            from clients.hidden_states import HiddenStatesClient
+
+            hidden = HiddenStatesClient(
+                generator, settings.hidden_states_layers, keep_files=settings.hidden_states_keep_files
+            )
+        if settings.probe_path:
+            from detectors.probe import Probe
+
+            probe = Probe.load(settings.probe_path)  # a bad file or a layer mismatch stops the start
+        deps = DetectorDeps(
+            judges=judges,
+            default_judge=settings.default_judge,
+            probe=probe,
+            hidden=hidden,
+            cascade_low=settings.cascade_low,
+            cascade_high=settings.cascade_high,
+            on_cascade_decision=lambda stage, n: built_metrics[0].cascade_decisions.labels(stage).inc(n),
+        )
+        detectors = build_detectors(deps)
         # One Metrics per app: a registry takes each metric once, and the counters of an app whose
         # lifespan runs again (test clients restart it) simply go on.
         if not built_metrics:
@@ -87,6 +107,7 @@ def create_app(
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),
             image_fetcher=fetcher,
+            hidden_states=hidden if settings.record_features else None,
         )
         app.state.faithproxy = state
         try:

@@ -38,6 +38,7 @@ UPSTREAM_ERRORS = (
     "stream_error",
     "other",
 )
+CASCADE_STAGES = ("probe", "judge")
 DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -139,6 +140,12 @@ class Metrics:
             "Streams whose client went away before the end.",
             registry=registry,
         )
+        self.cascade_decisions = Counter(
+            "faithproxy_cascade_decisions_total",
+            "Perception steps the cascade detector decided, by the stage that decided them.",
+            ["stage"],
+            registry=registry,
+        )
         self._preinit(list(detectors))
 
     def _preinit(self, detectors: list[str]) -> None:
@@ -150,6 +157,8 @@ class Metrics:
             for mode in MODES:
                 for status in REQUEST_STATUSES:
                     self.requests.labels(mode, name, status)
+        for stage in CASCADE_STAGES:
+            self.cascade_decisions.labels(stage)
         for outcome in ATTEMPT_OUTCOMES:
             self.regeneration_attempts.labels(outcome)
         for outcome in STEP_OUTCOMES:

@@ -19,6 +19,9 @@ HEADER_MAX_RETRIES = "x-faithproxy-max-retries"
 HEADER_JUDGE = "x-faithproxy-judge"
 HEADER_ON_DETECTOR_ERROR = "x-faithproxy-on-detector-error"
 HEADER_ANNOTATE = "x-faithproxy-annotate"
+HEADER_PROBE_THRESHOLD = "x-faithproxy-probe-threshold"
+HEADER_CASCADE_LOW = "x-faithproxy-cascade-low"
+HEADER_CASCADE_HIGH = "x-faithproxy-cascade-high"
 
 _MODES = ("correct", "detect", "off")
 _ON_ERROR = ("pass", "fail")
@@ -34,6 +37,15 @@ class RequestPolicy:
     judge: str | None
     on_detector_error: OnDetectorError
     annotate: bool
+    probe_threshold: float | None = None  # None: the probe file's threshold
+    cascade_low: float | None = None  # None: the server's settings
+    cascade_high: float | None = None
+
+    def detector_options(self) -> dict[str, float]:
+        """The per-request detector settings that were given (ChainContext.options)."""
+        options = {"probe_threshold": self.probe_threshold, "cascade_low": self.cascade_low}
+        options["cascade_high"] = self.cascade_high
+        return {k: v for k, v in options.items() if v is not None}
 
 
 def _choice(header: str, value: str, allowed: Collection[str]) -> str:
@@ -43,6 +55,23 @@ def _choice(header: str, value: str, allowed: Collection[str]) -> str:
         did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
         raise PolicyError(
             f"Invalid value for header {header}: '{value}'. Allowed: {', '.join(sorted(allowed))}.{did_you_mean}",
+            param=header,
+            code="invalid_header",
+        )
+    return value
+
+
+def _probability(headers: Mapping[str, str], header: str) -> float | None:
+    raw = headers.get(header)
+    if raw is None:
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise PolicyError(
+            f"Invalid value for header {header}: '{raw}'. Expected a probability from 0 to 1.",
             param=header,
             code="invalid_header",
         )
@@ -93,6 +122,18 @@ def policy_from_headers(
         value = _choice(HEADER_ANNOTATE, raw, _TRUE + _FALSE)
         annotate = value in _TRUE
 
+    probe_threshold = _probability(headers, HEADER_PROBE_THRESHOLD)
+    low = _probability(headers, HEADER_CASCADE_LOW)
+    high = _probability(headers, HEADER_CASCADE_HIGH)
+    if (low if low is not None else settings.cascade_low) > (high if high is not None else settings.cascade_high):
+        raise PolicyError(
+            f"Header {HEADER_CASCADE_LOW} must not exceed {HEADER_CASCADE_HIGH} "
+            f"(low {low if low is not None else settings.cascade_low}, "
+            f"high {high if high is not None else settings.cascade_high}).",
+            param=HEADER_CASCADE_LOW if low is not None else HEADER_CASCADE_HIGH,
+            code="invalid_header",
+        )
+
     if mode != "off" and detector == "judge" and judge is None:
         raise PolicyError(
             "The judge detector was requested but this server has no judges configured "
@@ -107,4 +148,7 @@ def policy_from_headers(
         judge=judge,
         on_detector_error=on_error,
         annotate=annotate,
+        probe_threshold=probe_threshold,
+        cascade_low=low,
+        cascade_high=high,
     )

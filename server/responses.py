@@ -70,7 +70,10 @@ class ChatServing:
             images=images,
             generator=self.state.generator,
             judge=self.policy.judge,
+            options=self.policy.detector_options(),
         )
+        detector = self.state.detectors[self.policy.detector]
+        detector.validate_request(ctx)  # ProbeMismatch (409) before anything is sent upstream
         self.session = ChainSession(
             settings=self.state.settings,
             policy=self.policy,
@@ -81,6 +84,7 @@ class ChatServing:
             metrics=self.state.metrics,
             body=self.body,
             model_label=self.state.model_label(self.body["model"]),
+            hidden_states=self.state.hidden_states,
         )
         self.state.metrics.in_flight.inc()
         events = self.session.run().__aiter__()

@@ -84,6 +84,7 @@ class ChainSession:
     metrics: Metrics
     body: dict[str, Any]  # the client's body, unknown fields included, forwarded to vLLM
     model_label: str = "other"
+    hidden_states: Any = None  # a HiddenStatesClient when features are recorded for traces
     steps: list[Step] = field(default_factory=list)  # every step emitted, in order
     stats: SessionStats = field(default_factory=SessionStats)
     field_names: dict[Channel, str] = field(default_factory=dict)
@@ -269,7 +270,15 @@ class ChainSession:
             return None  # a batch of trailing whitespace or tool-call deltas: nothing to check
         if not self.detector.types_steps and not any(s.kind is StepKind.PERCEPTION for s in new_steps):
             return None  # nothing this detector would look at
-        verdicts = await self._check(new_steps)
+        if self.hidden_states is not None and self.policy.detector not in ("probe", "cascade"):
+            # features for the trace, read while the detector works (probe and cascade read their own)
+            from detectors.probe import record_features
+
+            verdicts, _ = await asyncio.gather(
+                self._check(new_steps), record_features(self.hidden_states, self.ctx, new_steps)
+            )
+        else:
+            verdicts = await self._check(new_steps)
         if verdicts is None:
             return None
         for step, verdict in zip(new_steps, verdicts, strict=True):

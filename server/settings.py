@@ -89,6 +89,19 @@ class Settings(BaseSettings):
 
     trace_path: str | None = None
 
+    # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
+    # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe
+    # and cascade detectors are not offered. vLLM writes the files; the proxy must be able to read them.
+    hidden_states_layers: list[int] | None = None
+    hidden_states_keep_files: bool = False
+    # Also read the features of perception steps checked by other detectors (the judge), for traces
+    # that `faithproxy probe train` learns from. Costs one short prefill request per perception step.
+    record_features: bool = False
+    probe_path: str | None = None  # a probe file (faithproxy probe train --out)
+    # Cascade: the probe decides below `low` (faithful) and above `high` (unfaithful), the judge between.
+    cascade_low: float = Field(0.1, ge=0.0, le=1.0)
+    cascade_high: float = Field(0.9, ge=0.0, le=1.0)
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _keys_from_csv(cls, value: object) -> object:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -28,6 +28,8 @@ class AppState:
     known_models: set[str] = field(default_factory=set)
     # Built when some judge has fetch_images: fetches http(s) images for it under the SSRF policy.
     image_fetcher: ImageFetcher | None = None
+    # Set when settings.record_features: reads the features of steps checked by any detector, for traces.
+    hidden_states: Any = None  # clients.hidden_states.HiddenStatesClient
 
     def judge_fetches_images(self, judge: str | None) -> bool:
         return self.image_fetcher is not None and any(

@@ -73,4 +73,6 @@ def trace_steps(steps: list[Step]) -> list[dict[str, Any]]:
                 "detector_latency_s": s.first_verdict.latency_s if s.first_verdict else None,
             }
         )
+        if s.features is not None:  # hidden-state features of the original text (probe training)
+            out[-1]["features"] = s.features.to_json()
     return out

@@ -37,6 +37,6 @@ def test_detectors_lists_registry() -> None:
         "judge": "available",
         "prompt": "available",
         "none": "available",
-        "probe": "planned",
-        "cascade": "planned",
+        "probe": "available",
+        "cascade": "available",
     }

@@ -1,0 +1,114 @@
+"""`cascade`: the probe decides when it is confident, the judge when it is not.
+
+For each batch of new steps the probe scores every perception step first. A step with P(unfaithful)
+below `low` is FAITHFUL by the probe, above `high` UNFAITHFUL by the probe; in between it is uncertain.
+Going through the steps in order:
+- a confident step is decided by the probe (an unfaithful one ends the batch: later steps are UNKNOWN,
+  read again after the correction, as the judge does);
+- at the first uncertain step the judge gets that step and every step after it in the batch (one call,
+  the steps the probe passed before it as "checked before" context), and its verdicts are taken as they
+  are. Reasoning steps before that point pass as FAITHFUL.
+
+Thresholds come per request (ctx.options `cascade_low`, `cascade_high`), else from the settings.
+`decisions` counts which stage decided each step; the server turns it into
+faithproxy_cascade_decisions_total{stage}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import ClassVar
+
+from detectors.base import ChainContext, Detector
+from detectors.probe import ProbeDetector
+from faithcore.types import Faithfulness, Step, StepKind, Verdict
+
+STAGES = ("probe", "judge")
+
+
+class CascadeDetector(Detector):
+    """Probe first, judge for the steps the probe is unsure about."""
+
+    name: ClassVar[str] = "cascade"
+    description: ClassVar[str] = "probe when confident, judge otherwise"
+
+    def __init__(
+        self,
+        probe: ProbeDetector,
+        judge: Detector,
+        *,
+        low: float = 0.1,
+        high: float = 0.9,
+        on_decision: Callable[[str, int], None] | None = None,
+    ) -> None:
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"cascade thresholds must satisfy 0 <= low <= high <= 1 (got {low}, {high})")
+        self.probe = probe
+        self.judge = judge
+        self.low = low
+        self.high = high
+        self.on_decision = on_decision  # (stage, steps) → e.g. a Prometheus counter
+        self.decisions: Counter[str] = Counter()
+
+    def validate_request(self, ctx: ChainContext) -> None:
+        self.probe.validate_request(ctx)
+
+    def thresholds(self, ctx: ChainContext) -> tuple[float, float]:
+        low = ctx.options.get("cascade_low", self.low)
+        high = ctx.options.get("cascade_high", self.high)
+        return float(low), float(high)
+
+    def _count(self, stage: str, steps: int) -> None:
+        if steps:
+            self.decisions[stage] += steps
+            if self.on_decision is not None:
+                self.on_decision(stage, steps)
+
+    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+        if not new_steps:
+            return []
+        started = time.perf_counter()
+        low, high = self.thresholds(ctx)
+        scores = await self.probe.scores(ctx, new_steps)
+        latency = time.perf_counter() - started
+        verdicts: list[Verdict] = []
+        for i, (step, score) in enumerate(zip(new_steps, scores, strict=True)):
+            if score is None:  # a reasoning step: nothing for the probe to decide
+                verdicts.append(Verdict(Faithfulness.FAITHFUL, self.name, kind=step.kind, latency_s=latency))
+                continue
+            if score < low or score > high:
+                unfaithful = score > high
+                verdicts.append(
+                    Verdict(
+                        Faithfulness.UNFAITHFUL if unfaithful else Faithfulness.FAITHFUL,
+                        self.name,
+                        kind=step.kind,
+                        reason="cascade:probe",
+                        latency_s=latency,
+                        score=score,
+                    )
+                )
+                self._count("probe", 1)
+                if unfaithful:
+                    rest = new_steps[i + 1 :]
+                    verdicts += [
+                        Verdict(Faithfulness.UNKNOWN, self.name, reason="cascade:probe:not_reached") for _ in rest
+                    ]
+                    return verdicts
+                continue
+            # uncertain: the judge decides from here on, with the steps passed so far as context
+            judge_ctx = dataclasses.replace(ctx, accepted=[*ctx.accepted, *new_steps[:i]])
+            judged = await self.judge.check(judge_ctx, new_steps[i:])
+            kinds = [v.kind or s.kind for s, v in zip(new_steps[i:], judged, strict=True)]
+            self._count("judge", sum(1 for kind in kinds if kind is StepKind.PERCEPTION))
+            elapsed = time.perf_counter() - started
+            for verdict, p in zip(judged, scores[i:], strict=True):
+                reason = f"cascade:{verdict.reason or 'judge'}"
+                verdicts.append(
+                    dataclasses.replace(verdict, detector=self.name, reason=reason, latency_s=elapsed, score=p)
+                )
+            return verdicts
+        return verdicts
