@@ -7,6 +7,7 @@
     faithproxy bench replay --traces FILE --detector NAME [--judge NAME] [--out FILE] [--json]
     faithproxy bench judge-upr FILE --judge NAME [--out FILE] [--json]
     faithproxy bench report --out DIR [--pair NAME VANILLA CORRECTED] [--swap NAME=FILE] ...
+    faithproxy bench option-curve FILE --target URL --model M --out FILE
     faithproxy bench run ...            (benchmarks/run.py)
 
 Wherever a command reads chains, FILE may be a labelled-chain file or a proxy trace file (converted on
@@ -39,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("benchmarks.cli:Replay", "re-run a detector over recorded chains, offline, and score it"),
     "judge-upr": ("benchmarks.cli:JudgeUpr", "label whole chains with the evaluation judge (Algorithm 1)"),
     "report": ("benchmarks.cli:Report", "Markdown tables and PNG plots (Tables 11, 4, 12; option curve)"),
+    "option-curve": ("benchmarks.cli:OptionCurve", "P(each MCQ option) after each step, from vLLM logprobs"),
     "run": ("benchmarks.run", "run a benchmark through faithproxy or straight to vLLM, and score it"),
 }
 
@@ -189,6 +191,10 @@ def _judge_configs(value: str | None) -> list[Any]:
 
 def _add_judges(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judges", help="JSON list of judge configs, or a file with it (default: $FAITHPROXY_JUDGES)")
+    _add_batch_options(parser)
+
+
+def _add_batch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", help="directory with the chains' images (found by path or by sha256)")
     parser.add_argument("--concurrency", type=int, default=4, help="chains checked at the same time (default 4)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -349,6 +355,51 @@ class Report:
         out = Path(args.out)
         _print(args, data | {"report": str(out / "report.md")},
                [f"wrote {out / 'report.md'} and {len(data['files'])} plot(s)"])  # fmt: skip
+        return 0
+
+
+class OptionCurve:
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("file", help="multiple-choice chains with gold answers (labelled-chain or trace file)")
+        parser.add_argument("--target", required=True, help="vLLM base URL (with or without /v1)")
+        parser.add_argument("--model", required=True, help="the generator's model name")
+        parser.add_argument("--out", required=True, help="JSONL records for `bench report --logprobs`")
+        parser.add_argument("--options", default="ABCD", help="option letters (default ABCD)")
+        parser.add_argument("--answer-prefix", default=None, help="text after the steps, before the letter")
+        parser.add_argument("--think-open", default="", help="text before the steps, e.g. '<think>\\n'")
+        _add_view(parser, "original")
+        _add_batch_options(parser)
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        from benchmarks.option_curve import DEFAULT_ANSWER_PREFIX, CurveSettings, collect
+        from benchmarks.report import freak_curve
+        from clients.vllm import VLLMClient
+
+        chains = _read(args.file, args.view)
+        settings = CurveSettings(model=args.model, options=args.options.upper(), think_open=args.think_open,
+                                 answer_prefix=args.answer_prefix if args.answer_prefix is not None
+                                 else DEFAULT_ANSWER_PREFIX)  # fmt: skip
+        base = args.target.rstrip("/").removesuffix("/v1")
+
+        async def go() -> Any:
+            client = VLLMClient(base)
+            try:
+                return await collect(client, chains, settings, image_dir=args.images, concurrency=args.concurrency,
+                                     progress=not args.no_progress)  # fmt: skip
+            finally:
+                await client.aclose()
+
+        records, failed = asyncio.run(go())
+        with Path(args.out).open("w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        curve = freak_curve(records)
+        data = {"chains": len(records), "failed_requests": failed, "out": args.out, "by_step": curve.by_step}
+        lines = [f"wrote {len(records)} records to {args.out} ({failed} failed requests)"]
+        lines += [f"after step {k}: P(correct) {p:.3f} over {n} chains" for k, p, _, n in curve.by_step]
+        _print(args, data, lines)
         return 0
 
 

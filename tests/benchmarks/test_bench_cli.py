@@ -13,6 +13,7 @@ from benchmarks.judge_server import create_app as judge_app
 from benchmarks.labelled import LabelledChain, LabelledStep, read_chains, write_chains
 from server.cli import main
 from tests.benchmarks.test_judge_upr import evaluation_judge_app
+from tests.benchmarks.test_option_curve import CHAIN, fake_vllm_app
 from tests.server.fakes import threaded_app
 
 
@@ -183,6 +184,19 @@ def test_report(capsys: pytest.CaptureFixture[str], traces: Path, tmp_path: Path
     assert "| MMVP | 100.0 (1/1) | 0.0 (0/1) | 0.0 | 100.0 |" in (out / "report.md").read_text()
     code, _, text = run(capsys, "report", "--out", str(out), "--swap", "nofile")
     assert code == 2 and "--swap wants NAME=FILE" in text
+
+
+def test_option_curve_feeds_the_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    chains = _write(tmp_path / "mcq.jsonl", [CHAIN])
+    out = tmp_path / "lp.jsonl"
+    with threaded_app(fake_vllm_app()) as url:
+        code, data, text = run(capsys, "option-curve", chains, "--target", f"{url}/v1", "--model", "m", "--out",
+                               str(out), "--no-progress", "--json")  # fmt: skip
+    assert code == 0, text
+    assert data["chains"] == 1 and data["failed_requests"] == 0
+    assert [p for _, p, _, _ in data["by_step"]] == pytest.approx([2 / 3, 2 / 3, 0.2])
+    code, data, text = run(capsys, "report", "--out", str(tmp_path / "r"), "--logprobs", str(out), "--json")
+    assert code == 0 and data["curve"]["chains"] == 1 and (tmp_path / "r" / "option_probability.png").exists()
 
 
 def test_run_is_handed_to_benchmarks_run(capsys: pytest.CaptureFixture[str]) -> None:
