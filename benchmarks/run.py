@@ -17,6 +17,13 @@ record, so UPR can be recomputed from the predictions alone.
 After the requests, datasets that need a judge (FREAK free-form, MIRAGE chains) call it when
 `--judge-url` is given (`OUT/judgements.jsonl`, resumable the same way); then the dataset's scorer runs
 and `OUT/scores.json` holds its metrics, the run's UPR totals and the run's settings.
+
+`OUT/chains.jsonl` holds the answered items as labelled chains (`benchmarks/labelled.py`), so that
+`bench report --pair NAME VANILLA/chains.jsonl CORRECTED/chains.jsonl` and `bench judge-upr` take a run
+as it is: steps are the reply cut by the proxy's own segmenter (reasoning, then content); when the
+proxy's summary has as many steps, each carries its kind and the verdict of the delivered text
+(`faithful`), plus `detected`, `regenerated`, `original_text`, `residual` and `attempts`. Each chain
+records `correct` as the dataset's scorer judges that one answer.
 """
 
 from __future__ import annotations
@@ -38,14 +45,19 @@ from tqdm import tqdm
 
 from benchmarks import datasets
 from benchmarks.datasets import Item
+from benchmarks.labelled import LabelledChain, LabelledStep, write_chains
 from clients.judge_base import JudgeBackend, JudgeConfig
 from clients.judges import build_judge
+from faithcore.segmenter import segment_text
 from server.policy import HEADER_MODE
 
 MODE_HEADER_VALUES = {"vanilla": "off", "detect": "detect", "correct": "correct"}
 PREDICTIONS = "predictions.jsonl"
 JUDGEMENTS = "judgements.jsonl"
 SCORES = "scores.json"
+CHAINS = "chains.jsonl"
+_STEP_FIELDS = ("detected", "regenerated", "original_text", "residual", "attempts")
+_FAITHFUL = {"faithful": True, "unfaithful": False}
 RUN = "run.json"
 
 
@@ -197,6 +209,40 @@ def faithfulness_totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def chain_of(item: Item, record: dict[str, Any], module: Any, *, dataset: str, mode: str) -> LabelledChain:
+    """One answered item as a labelled chain (see the module docstring)."""
+    channels = (record.get("reasoning") or "", record.get("text") or "")
+    texts = [s.text for channel in channels for s in segment_text(channel) if s.text]
+    summary = (record.get("faithfulness") or {}).get("steps") or []
+    aligned = len(summary) == len(texts)
+    steps = []
+    for k, text in enumerate(texts):
+        note = summary[k] if aligned else {}
+        steps.append(
+            LabelledStep(
+                text=text,
+                kind=note.get("kind"),
+                faithful=_FAITHFUL.get(note.get("verdict")) if note.get("kind") == "perception" else None,
+                extra={key: note[key] for key in _STEP_FIELDS if key in note},
+            )
+        )
+    return LabelledChain(
+        id=item.id,
+        question=item.prompt,
+        image=str(item.image) if item.image is not None else None,
+        steps=steps,
+        answer=record.get("text"),
+        gold_answer=item.answer,
+        extra={
+            "correct": module.correct(item, record),
+            "dataset": dataset,
+            "mode": mode,
+            "request_id": record.get("request_id"),
+            "steps_aligned": aligned if summary else None,
+        },
+    )
+
+
 async def _default_model(client: openai.AsyncOpenAI) -> str:
     models = await client.models.list()
     if not models.data:
@@ -336,9 +382,19 @@ async def run(args: argparse.Namespace) -> int:
         "metrics": module.score(items, predictions),
         "faithfulness": faithfulness_totals(list(predictions.values())),
     }
-    (out / SCORES).write_text(json.dumps(scores, indent=2) + "\n")
+    _write_outputs(out, scores, module, items, predictions, args)
     print(json.dumps(scores, indent=2))
     return 0 if scores["answered"] or not items else 1
+
+
+def _write_outputs(out: Path, scores: dict[str, Any], module: Any, items: list[Item], predictions, args) -> None:
+    chains = [
+        chain_of(item, predictions[item.id], module, dataset=scores["dataset"], mode=args.mode)
+        for item in items
+        if item.id in predictions and not predictions[item.id].get("error")
+    ]
+    write_chains(out / CHAINS, chains)
+    (out / SCORES).write_text(json.dumps(scores, indent=2) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,8 @@ Every benchmark module has
 - `score(items, predictions) -> dict`: the benchmark's metrics. `predictions` maps item id to the
   prediction record `bench run` writes (`{"id", "text", "reasoning", "error", ...}`) or to a plain reply
   string. A missing prediction, or one with an error, counts as wrong. A ratio over an empty set is None;
+- `correct(item, prediction) -> bool | None`: whether one answer is right (None: cannot be told yet,
+  e.g. a free-form reply not judged); `bench run` records it on each chain it writes;
 - optionally `async judge(items, predictions, judge) -> dict[id, dict]`: calls a judge backend
   (`clients.judges`) for what the metrics need beyond string matching; `bench run` merges the returned
   fields into the prediction records before scoring.

@@ -97,6 +97,14 @@ def load(data_dir: Path, mode: str = "mcq", instruction: str = "") -> list[Item]
     return items
 
 
+def correct(item: Item, prediction: Prediction) -> bool | None:
+    """Multiple choice: the right letter. Free form: the judge's label (None until judged)."""
+    if item.extra["format"] == "open":
+        label = prediction.get("judgement") if isinstance(prediction, Mapping) else None
+        return None if label not in JUDGEMENTS else label == "correct"
+    return extract_choice(reply_text(prediction), item.options) == item.answer
+
+
 def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[str, Any]:
     per_question: dict[str, list[str]] = defaultdict(list)  # outcome of each order: correct|commonsense|other|D
     labels: list[str] = []

@@ -72,6 +72,10 @@ def _all_right(groups: Mapping[str, list[bool]]) -> float | None:
     return ratio(sum(all(v) for v in groups.values()), len(groups))
 
 
+def correct(item: Item, prediction: Prediction) -> bool:
+    return extract_yes_no(reply_text(prediction)) == item.answer
+
+
 def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[str, Any]:
     questions: dict[str, list[bool]] = defaultdict(list)
     figures: dict[str, list[bool]] = defaultdict(list)

@@ -138,6 +138,10 @@ def answer_correct(item: Item, reply: str | None) -> bool:
     return normalize_text(said) == normalize_text(item.answer)
 
 
+def correct(item: Item, prediction: Prediction) -> bool:
+    return answer_correct(item, reply_text(prediction))
+
+
 def f1_of_matches(match: Mapping[str, int]) -> float:
     """F1 from the judge's counts `{"pred", "matched_pred", "ref", "matched_ref"}`; 0 when nothing matched."""
     precision = match["matched_pred"] / match["pred"] if match["pred"] else 0.0

@@ -103,6 +103,10 @@ def load(data_dir: Path, source: str = "", instruction: str = "") -> list[Item]:
     return items
 
 
+def correct(item: Item, prediction: Prediction) -> bool:
+    return extract_choice(reply_text(prediction), item.options) == item.answer
+
+
 def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[str, Any]:
     triplets: dict[str, dict[str, bool]] = defaultdict(dict)
     by_type: dict[str, list[bool]] = {t: [] for t in EVAL_TYPES}

@@ -164,13 +164,18 @@ def extract_answer(text: str) -> str | None:
     return candidate or None
 
 
+def correct(item: Item, prediction: Prediction) -> bool:
+    """The answer alone (grounding aside)."""
+    answer = extract_answer(reply_text(prediction) or "")
+    return answer is not None and normalize_answer(answer) == normalize_answer(item.answer)
+
+
 def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[str, Any]:
     counts = {"CR": 0, "CM": 0, "WR": 0, "WM": 0}
     no_box = 0
     for item in items:
         reply = reply_text(predictions.get(item.id)) or ""
-        answer = extract_answer(reply)
-        right = answer is not None and normalize_answer(answer) == normalize_answer(item.answer)
+        right = correct(item, reply)
         boxes = boxes_in(split_reasoning(reply)[0]) or boxes_in(reply)  # grounded steps may sit in the reasoning
         hit = False
         if boxes:

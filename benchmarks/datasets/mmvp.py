@@ -75,6 +75,10 @@ def load(data_dir: Path, instruction: str = "") -> list[Item]:
     return items
 
 
+def correct(item: Item, prediction: Prediction) -> bool:
+    return extract_choice(reply_text(prediction), item.options) == item.answer
+
+
 def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[str, Any]:
     right: dict[str, bool] = {}
     unparsed = 0

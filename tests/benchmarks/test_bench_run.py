@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks import cli as bench_cli
 from benchmarks import run as bench_run
 from benchmarks.judge_server import create_app as create_judge_app
+from benchmarks.labelled import read_chains
 from benchmarks.local_server import running_app
 from server.app import create_app
 from tests.support import local_judge_settings
@@ -131,6 +133,31 @@ async def test_vanilla_and_corrected_runs(
     assert totals["perception_steps"] == 12  # three per chain
     assert (totals["unfaithful_detected"], totals["residual"], totals["fixed"]) == (2, 1, 1)
     assert totals["upr_detected"] == pytest.approx(2 / 12) and totals["upr_residual"] == pytest.approx(1 / 12)
+
+    # the run as labelled chains: steps with the proxy's verdicts, and whether each answer was right
+    chains = {c.id: c for c in read_chains(corrected / "chains.jsonl")}
+    one = chains["mmvp-1"]
+    assert one.extra["correct"] is True and one.extra["steps_aligned"] is True and one.gold_answer == "A"
+    corrected_sentences = spec.corrected_chain_text(spec.get("red_circle")).split("\n")[1]
+    assert " ".join(s.text for s in one.steps) == f"{corrected_sentences} The answer is A."
+    (rewritten,) = [s for s in one.steps if s.extra.get("regenerated")]
+    assert (rewritten.text, rewritten.faithful, rewritten.kind) == ("The circle is red.", True, "perception")
+    assert rewritten.extra["original_text"] == "The circle is blue." and rewritten.extra["detected"] == "unfaithful"
+    three = chains["mmvp-3"]
+    assert three.extra["correct"] is False
+    assert [s.text for s in three.steps if s.faithful is False] == ["The shape is a triangle."]
+    plain = {c.id: c for c in read_chains(vanilla / "chains.jsonl")}
+    assert [plain[f"mmvp-{n}"].extra["correct"] for n in range(1, 5)] == [False, True, False, True]
+    assert all(s.kind is None and s.faithful is None for s in plain["mmvp-1"].steps)  # vLLM gives no verdicts
+
+    # ... which `bench report` takes as they are (Table 11 style)
+    report = tmp_path / "report"
+    argv = ["report", "--out", str(report), "--pair", "MMVP", str(vanilla / "chains.jsonl")]
+    assert bench_cli.main([*argv, str(corrected / "chains.jsonl")]) == 0
+    (row,) = json.loads((report / "report.json").read_text())["table_11"]
+    assert row["vanilla"]["accuracy"] == 0.5 and row["corrected"]["accuracy"] == 0.75
+    assert row["corrected"]["upr"] == pytest.approx(1 / 12) and row["vanilla"]["upr"] is None
+    assert (report / "upr_vanilla_vs_corrected.png").stat().st_size > 0
 
     # a finished run resumes without a single request: the target may even be gone
     dead = [*common, "--target", "http://127.0.0.1:9", "--model", vllm_server.model, "--out", str(corrected)]

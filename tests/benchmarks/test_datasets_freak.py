@@ -106,6 +106,7 @@ async def test_free_form_through_the_judge(tmp_path: Path) -> None:
     assert (scores["open_judged"], scores["open_unjudged"]) == (2, 1)
     assert scores["open_accuracy"] == 0.5 and scores["open_hallu_rate"] == 0.5
     assert scores["open_other_error_rate"] == 0.0 and scores["accuracy"] is None
+    assert [freak.correct(i, merged[i.id]) for i in items] == [False, True, None]  # q3 was never judged
 
 
 def test_both_modes_and_bad_mode(tmp_path: Path) -> None:

@@ -74,6 +74,7 @@ def test_question_and_figure_accuracy(tmp_path: Path) -> None:
     assert (scores["easy_aAcc"], scores["hard_aAcc"], scores["no_visual_aAcc"]) == (1.0, 0.0, 1.0)
     assert (scores["easy_questions"], scores["hard_questions"], scores["no_visual_questions"]) == (3, 2, 1)
     assert (scores["question_groups"], scores["figures"], scores["unparsed"]) == (3, 3, 1)
+    assert [hb.correct(i, predictions[i.id]) for i in items] == [True, False, True, True, False, True]
 
 
 def test_empty_and_unanswered(tmp_path: Path) -> None:

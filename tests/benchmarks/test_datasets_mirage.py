@@ -77,6 +77,8 @@ def test_accuracy_f_scores_and_lhs(tmp_path: Path) -> None:
     assert by_type["spatial"] == {"questions": 2, "accuracy": 1.0, "lhs_mean": 5.5, "lhs_std": 1.5}
     assert by_type["factuality"]["accuracy"] == 0.5 and by_type["factuality"]["lhs_mean"] is None
     assert by_type["context"]["accuracy"] == 0.0
+    items = mirage.load(tmp_path)
+    assert [mirage.correct(i, predictions().get(i.id)) for i in items] == [True, True, True, False, True, False]
 
 
 def test_answer_edge_cases(tmp_path: Path) -> None:

@@ -93,6 +93,8 @@ def test_genuine_accuracy_needs_the_whole_triplet(tmp_path: Path) -> None:
         "incomplete_triplets": 1,
         "unparsed": 1,
     }
+    items = mmevalpro.load(tmp_path)
+    assert [mmevalpro.correct(i, PREDICTIONS[i.id]) for i in items] == [True] * 4 + [False, True, False, True]
 
 
 def test_empty_and_bad_answers(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def test_answer_grounding_and_consistency(tmp_path: Path) -> None:
         "WM": 1,
         "no_box": 2,
     }
+    assert [mmgcot.correct(i, predictions.get(i.id)) for i in items] == [True, True, False, True, False]
 
 
 def test_boxes_in_the_reasoning_and_first_box_for_grounding_first(tmp_path: Path) -> None:

@@ -69,6 +69,7 @@ def test_pair_accuracy_needs_both_questions(tmp_path: Path) -> None:
         "incomplete_pairs": 0,
         "unparsed": 2,
     }
+    assert [mmvp.correct(i, PREDICTIONS.get(i.id)) for i in items] == [True, True, False, True, False, False]
 
 
 def test_errors_count_wrong_and_incomplete_pairs_are_left_out(tmp_path: Path) -> None:
