@@ -132,7 +132,7 @@ class PixelJudge:
     """Verdicts read off the image: the ShapesWorld scene parser and the world's sentence grammar."""
 
     def judge(self, sentences: list[str], images: list[bytes], already_checked: int = 0) -> str:
-        from shapesworld.claims import check_chain
+        from shapesworld.claims import PERCEPTION, check_chain
         from shapesworld.judge_reply import describe
         from shapesworld.parser import parse_image
 
@@ -140,7 +140,7 @@ class PixelJudge:
             raise ValueError("the pixel judge needs the image inline (base64 or a data URL)")
         scene = parse_image(images[-1])  # the proxy sends one image per judge call; the latest wins
         checks = check_chain(sentences, scene.objects).sentences
-        kinds = [StepKind.PERCEPTION if c.kind == "PERCEPTION" else StepKind.REASONING for c in checks]
+        kinds = [StepKind.PERCEPTION if c.kind == PERCEPTION else StepKind.REASONING for c in checks]
         return format_reply(describe(scene), sentences, kinds, [c.faithful is False for c in checks], already_checked)
 
 

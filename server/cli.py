@@ -62,7 +62,7 @@ def _detectors(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from server.demo import run_demo
 
-    return run_demo(workdir=args.workdir, keep=args.keep)
+    return run_demo(workdir=args.workdir, keep=args.keep, world=args.world, questions=args.questions)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
 
-    demo = sub.add_parser("demo", help="real vLLM on CPU + local judge + proxy, one request, printed live")
+    demo = sub.add_parser("demo", help="real vLLM on CPU + local judge + proxy, a few questions, printed live")
     demo.add_argument("--workdir", default="var/demo", help="where models, logs and traces go")
     demo.add_argument("--keep", action="store_true", help="leave the servers running (Ctrl-C stops them)")
+    demo.add_argument(
+        "--world",
+        choices=["shapesworld", "fixture"],
+        default="shapesworld",
+        help="shapesworld: the committed model's own mistakes, pixel judge; fixture: planted mistakes, oracle",
+    )
+    demo.add_argument("--questions", type=int, default=5, help="shapesworld: how many held-out questions")
     demo.set_defaults(func=_demo)
 
     segment = sub.add_parser("segment", help="split stdin into steps, one JSON object per line")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -50,6 +51,11 @@ async def detector(request: pytest.FixtureRequest) -> AsyncIterator[JudgeDetecto
         await detector.aclose()
 
 
+def chain_steps(seed: int) -> Any:
+    scene = generate_scene(1234, seed)
+    return reference_chain(scene, make_question(scene, random.Random(seed), "attribute")).steps
+
+
 def chain_with_one_wrong_step(seed: int) -> tuple[bytes, list[str], int]:
     """A scene's reference chain with one object sentence changed to something the image contradicts."""
     scene = generate_scene(1234, seed)
@@ -80,7 +86,9 @@ async def test_the_pixel_judge_finds_the_contradicted_sentence(detector: JudgeDe
     got = [v.faithfulness for v in verdicts]
     assert got[:wrong] == [F] * wrong and got[wrong] is U, (texts, got)
     assert all(v is N for v in got[wrong + 1 :])  # after the first unfaithful step nothing is judged
-    assert [v.kind for v in verdicts[-1:]] == [StepKind.REASONING]  # "Option X says ..." is reasoning
+    # The judge types sentences itself: the world's perception sentences, then "So ...", "Option X says ...".
+    kinds = [StepKind.PERCEPTION if s.kind == "perception" else StepKind.REASONING for s in chain_steps(seed)]
+    assert [v.kind for v in verdicts] == kinds
 
 
 async def test_the_pixel_judge_refuses_a_request_without_an_inline_image() -> None:
