@@ -51,8 +51,14 @@ class ReplayError(ValueError):
     """A replay that cannot start (unknown detector, missing judge or generator); the message says why."""
 
 
-def make_detector(name: str, *, judges: Mapping[str, Any] | None = None, default_judge: str | None = None) -> Detector:
-    """One detector from the registry, built the way the server builds it (`judges` only for "judge")."""
+def make_detector(
+    name: str, *, judges: Mapping[str, Any] | None = None, default_judge: str | None = None, **deps: Any
+) -> Detector:
+    """One detector from the registry, built the way the server builds it.
+
+    `judges` are handed over only to detectors that use them (judge, cascade); `deps` are further
+    `DetectorDeps` fields (a loaded `probe` and a `hidden` states client for probe and cascade).
+    """
     entry = DETECTORS.get(name)
     if entry is None:
         try:
@@ -62,10 +68,15 @@ def make_detector(name: str, *, judges: Mapping[str, Any] | None = None, default
     assert entry is not None
     if not entry.available:
         raise ReplayError(f"detector {name!r} is planned but not built yet")
-    deps = DetectorDeps(judges=dict(judges or {}) if name == "judge" else {}, default_judge=default_judge)
-    built = build_detectors(deps)
+    uses_judges = name in ("judge", "cascade")
+    built = build_detectors(
+        DetectorDeps(judges=dict(judges or {}) if uses_judges else {}, default_judge=default_judge, **deps)
+    )
     if name not in built:
-        raise ReplayError(f"detector {name!r} needs a judge: configure one (--judges or FAITHPROXY_JUDGES)")
+        needs = ["a judge (--judges or FAITHPROXY_JUDGES)"] if uses_judges and not judges else []
+        if name in ("probe", "cascade"):
+            needs.append("a probe file and a hidden-states client")
+        raise ReplayError(f"detector {name!r} needs " + (" and ".join(needs) or "dependencies replay lacks"))
     return built[name]
 
 

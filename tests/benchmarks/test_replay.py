@@ -19,6 +19,7 @@ from benchmarks.replay import ImageResolver, ReplayError, make_detector, replay
 from clients.judges import JudgeConfig, build_judges
 from clients.vllm import VLLMClient
 from detectors.base import ChainContext, Detector
+from detectors.registry import DETECTORS, Entry
 from faithcore.types import Faithfulness, Step, Verdict
 
 ORACLE = {"unfaithful": ["The car is blue.", "The sky is green.", "The sun is red."]}
@@ -184,10 +185,14 @@ async def test_prompt_detector_asks_the_generator() -> None:
     assert report.generator_tokens == 22 and report.judge_calls is None and report.f1["f1"] == 1.0
 
 
-def test_unknown_and_planned_detectors_are_refused() -> None:
+def test_unknown_planned_and_unbuildable_detectors_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ReplayError, match="did you mean 'judge'"):
         make_detector("jduge")
-    with pytest.raises(ReplayError, match="planned but not built yet"):
-        make_detector("cascade")
-    with pytest.raises(ReplayError, match="needs a judge"):
+    monkeypatch.setitem(DETECTORS, "future", Entry("detectors.future:Future", "not yet", available=False))
+    with pytest.raises(ReplayError, match="'future' is planned but not built yet"):
+        make_detector("future")
+    with pytest.raises(ReplayError, match=r"'judge' needs a judge \(--judges"):
         make_detector("judge")
+    with pytest.raises(ReplayError, match="'probe' needs a probe file and a hidden-states client"):
+        make_detector("probe")
+    assert make_detector("none").name == "none"
