@@ -132,17 +132,21 @@ class F1:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        from benchmarks.metrics import step_f1
+        from benchmarks.metrics import f1_by_position, step_f1
 
-        result = step_f1(_read(args.gold, args.view), _read(args.pred, args.view), check_text=not args.no_text_check)
+        gold, pred = _read(args.gold, args.view), _read(args.pred, args.view)
+        result = step_f1(gold, pred, check_text=not args.no_text_check)
+        by_position = f1_by_position(gold, pred, check_text=not args.no_text_check)
         u, f = result.unfaithful, result.faithful
-        _print(args, result.to_dict(), [
+        _print(args, result.to_dict() | {"by_position": by_position}, [
             f"unfaithful: precision {_fmt(u.precision)}  recall {_fmt(u.recall)}  F1 {_fmt(u.f1)}  "
             f"(tp {u.tp}, fp {u.fp}, fn {u.fn}, support {u.support})",
             f"faithful:   precision {_fmt(f.precision)}  recall {_fmt(f.recall)}  F1 {_fmt(f.f1)}  "
             f"(tp {f.tp}, fp {f.fp}, fn {f.fn}, support {f.support})",
             f"steps {result.steps} in {result.chains} chains, accuracy {_fmt(result.accuracy)}, abstained "
             f"{result.abstained}, AUROC {_fmt(result.auroc)} over {result.scored_steps} scored steps",
+            *(f"steps {name}: unfaithful F1 {_fmt(b['f1'])}, AUROC {_fmt(b['auroc'])} ({b['steps']} steps)"
+              for name, b in by_position.items()),
         ])  # fmt: skip
         return 0
 

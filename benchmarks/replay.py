@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from benchmarks.labelled import KINDS, LabelledChain, LabelledStep
-from benchmarks.metrics import step_f1, upr
+from benchmarks.metrics import f1_by_position, step_f1, upr
 from detectors.base import ChainContext, Detector
 from detectors.registry import DETECTORS, DetectorDeps, build_detectors, resolve
 from faithcore.errors import DetectorError
@@ -154,6 +154,7 @@ class ReplayReport:
     upr_gold: float | None
     upr_predicted: float | None
     f1: dict[str, Any]  # benchmarks.metrics.F1Result.to_dict() against the input's labels
+    f1_by_position: dict[str, Any]  # the unfaithful class on steps i <= 2 and i > 2
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -355,5 +356,6 @@ async def replay(
         upr_gold=upr(chains).upr,
         upr_predicted=upr(predictions).upr,
         f1=step_f1(chains, predictions).to_dict(),
+        f1_by_position=f1_by_position(chains, predictions),
     )
     return predictions, report

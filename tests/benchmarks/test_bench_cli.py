@@ -103,6 +103,9 @@ def test_f1_and_icc(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert (data["precision"], data["recall"], data["f1"]) == (0.5, 0.5, 0.5)
     assert data["faithful"]["precision"] == pytest.approx(2 / 3) and data["faithful"]["f1"] == pytest.approx(2 / 3)
     assert data["auroc"] == pytest.approx(5 / 6) and data["steps"] == 5
+    # steps 1-2: a0 TP, a1 FP, b0 TN, b1 FN; step 3: a2 TN only
+    assert data["by_position"]["i<=2"]["f1"] == 0.5 and data["by_position"]["i<=2"]["steps"] == 4
+    assert data["by_position"]["i>2"]["f1"] is None and data["by_position"]["i>2"]["steps"] == 1
     code, data, _ = run(capsys, "icc", "--a", gold, "--b", pred, "--json")
     # perception counts agree exactly (3, 2); unfaithful counts a: 1 vs 2, b: 1 vs 0 ->
     # MS_rows = 1 (row means 1.5, 0.5), MS_error = 1 -> (1 - 1) / (1 + 1) = 0

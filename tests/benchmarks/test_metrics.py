@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.labelled import LabelledChain, LabelledStep
-from benchmarks.metrics import MetricError, auroc, icc_3_1, icc_between, step_f1, upr
+from benchmarks.metrics import MetricError, auroc, f1_by_position, icc_3_1, icc_between, step_f1, upr
 
 
 def P(faithful: bool | None, score: float | None = None, text: str = "") -> LabelledStep:  # noqa: N802
@@ -69,6 +69,17 @@ def test_f1_by_hand() -> None:
     as_json = result.to_dict()
     assert (as_json["precision"], as_json["recall"], as_json["f1"]) == (0.5, 0.5, 0.5)
     assert as_json["faithful"]["tp"] == 2 and as_json["unfaithful"]["support"] == 2
+
+
+def test_f1_by_step_position() -> None:
+    # i <= 2 (indices 0, 1): a0 TP, a1 FP, b0 FN, b1 TN; i > 2: a2 is reasoning, a3 an abstention (TN)
+    buckets = f1_by_position(GOLD, PRED)
+    early, late = buckets["i<=2"], buckets["i>2"]
+    assert (early["precision"], early["recall"], early["f1"], early["steps"], early["support"]) == (0.5, 0.5, 0.5, 4, 2)
+    assert early["auroc"] == pytest.approx(0.625)  # positives .9, .3 vs negatives .8, .3: 1 + 1 + 0 + 0.5 of 4
+    assert (late["f1"], late["steps"], late["support"], late["auroc"]) == (None, 1, 0, None)
+    only_first = step_f1(GOLD, PRED, positions=lambda index: index == 0)
+    assert (only_first.unfaithful.tp, only_first.unfaithful.fn, only_first.steps) == (1, 1, 2)
 
 
 def test_f1_when_the_class_is_never_predicted_or_never_present() -> None:

@@ -81,6 +81,8 @@ async def test_judge_replay_scores_against_gold(judge: tuple[str, Any], judge_na
     assert f1["unfaithful"]["tp"] == 2 and f1["unfaithful"]["fp"] == 1 and f1["unfaithful"]["fn"] == 1
     assert f1["precision"] == pytest.approx(2 / 3) and f1["f1"] == pytest.approx(2 / 3)
     assert f1["faithful"]["f1"] == pytest.approx(3 / 4) and f1["steps"] == 7
+    assert report.f1_by_position["i<=2"]["f1"] == pytest.approx(2 / 3)  # all but c1's third step
+    assert report.f1_by_position["i>2"]["steps"] == 1 and report.f1_by_position["i>2"]["f1"] is None
     assert report.upr_gold == pytest.approx(3 / 7) and report.upr_predicted == pytest.approx(3 / 7)
     # the predictions file is the labelled format and scores the same
     out = tmp_path / "pred.jsonl"
