@@ -73,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
+    parser.add_argument("--max-retries", type=int, default=2, help="the SDK's retries of a failed request (5xx, 429)")
     parser.add_argument("--api-key", default=None, help="key for the target (default $OPENAI_API_KEY or EMPTY)")
     parser.add_argument(
         "--header", action="append", default=[], metavar="NAME=VALUE", help="extra request header (repeatable)"
@@ -346,7 +347,9 @@ async def run(args: argparse.Namespace) -> int:
     headers = {HEADER_MODE: MODE_HEADER_VALUES[args.mode], **_pairs(args.header, "--header")}
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-    client = openai.AsyncOpenAI(base_url=_openai_base(args.target), api_key=api_key, timeout=args.timeout)
+    client = openai.AsyncOpenAI(
+        base_url=_openai_base(args.target), api_key=api_key, timeout=args.timeout, max_retries=args.max_retries
+    )
     try:
         model = args.model or await _default_model(client)
         settings = {
@@ -369,8 +372,12 @@ async def run(args: argparse.Namespace) -> int:
 
     ids = {i.id for i in items}
     predictions = {k: v for k, v in read_jsonl(out / PREDICTIONS).items() if k in ids}
-    if hasattr(module, "judge") and args.judge_url:
-        await _judge_all(module, items, predictions, out, args)
+    if hasattr(module, "judge"):
+        if args.judge_url:
+            await _judge_all(module, items, predictions, out, args)
+        else:
+            print(f"note: {args.dataset} scores some metrics with a judge; without --judge-url they stay unset",
+                  file=sys.stderr)  # fmt: skip
     errors = sum(1 for p in predictions.values() if p.get("error"))
     scores = {
         "dataset": args.dataset.lower(),
