@@ -36,6 +36,7 @@ import mimetypes
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,9 @@ PREDICTIONS = "predictions.jsonl"
 JUDGEMENTS = "judgements.jsonl"
 SCORES = "scores.json"
 CHAINS = "chains.jsonl"
+RUN = "run.json"
 _STEP_FIELDS = ("detected", "regenerated", "original_text", "residual", "attempts")
 _FAITHFUL = {"faithful": True, "unfaithful": False}
-RUN = "run.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -329,6 +330,8 @@ async def _judge_all(module, items: list[Item], predictions: dict[str, dict[str,
 
 def _prepare(module, args: argparse.Namespace) -> tuple[list[Item], Path]:
     items = module.load(args.data_dir, **_pairs(args.loader_arg, "--loader-arg"))
+    if twice := sorted(k for k, n in Counter(i.id for i in items).items() if n > 1):
+        raise ValueError(f"{args.dataset}: item ids occur twice ({', '.join(twice[:5])}): results would mix")
     if args.limit is not None:
         items = items[: args.limit]
     out: Path = args.out or Path("var/bench") / f"{args.dataset.lower()}-{args.mode}"

@@ -42,6 +42,7 @@ def load(data_dir: Path, instruction: str = "") -> list[Item]:
     data_dir = Path(data_dir)
     records = json.loads(require_file(data_dir / "HallusionBench.json", "HallusionBench questions").read_text())
     items = []
+    ids: set[str] = set()
     for record in records:
         gold = _GOLD.get(str(record["gt_answer"]).strip())
         if gold is None:
@@ -51,9 +52,15 @@ def load(data_dir: Path, instruction: str = "") -> list[Item]:
         filename = record.get("filename")
         image = data_dir / filename.removeprefix("./") if filename and visual != "0" else None
         question = record["question"].strip()
+        item_id = base = "hb-" + "-".join([*key, str(record["figure_id"]), str(record["question_id"]), visual])
+        for n in range(2, len(records) + 2):  # should a key repeat, keep both records apart
+            if item_id not in ids:
+                break
+            item_id = f"{base}-{n}"
+        ids.add(item_id)
         items.append(
             Item(
-                id="hb-" + "-".join([*key, str(record["figure_id"]), str(record["question_id"]), visual]),
+                id=item_id,
                 question=question,
                 prompt=f"{question} {instruction}".strip(),
                 answer=gold,

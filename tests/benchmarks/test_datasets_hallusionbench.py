@@ -84,6 +84,11 @@ def test_empty_and_unanswered(tmp_path: Path) -> None:
     assert scores["aAcc"] == 0.0 and scores["fAcc"] == 0.0 and scores["unparsed"] == 6
 
 
+def test_a_repeated_key_keeps_both_records(tmp_path: Path) -> None:
+    (tmp_path / "HallusionBench.json").write_text(json.dumps([RECORDS[2], RECORDS[2]]))
+    assert [i.id for i in hb.load(tmp_path)] == ["hb-VD-illusion-0-0-0-0", "hb-VD-illusion-0-0-0-0-2"]
+
+
 def test_rejects_an_unknown_gold(tmp_path: Path) -> None:
     (tmp_path / "HallusionBench.json").write_text(json.dumps([{**RECORDS[0], "gt_answer": "2"}]))
     with pytest.raises(ValueError, match="gt_answer"):
