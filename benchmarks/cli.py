@@ -323,6 +323,19 @@ class JudgeUpr:
         return 0
 
 
+def _json_objects(path: str) -> list[dict[str, Any]]:
+    """The JSON object(s) of a file: one document (an object or a list of them) or one object per line."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    items = data if isinstance(data, list) else [data]
+    if not all(isinstance(item, dict) for item in items):
+        raise CommandError(f"{path}: expected JSON objects")
+    return items
+
+
 class Report:
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -335,6 +348,8 @@ class Report:
                             help="Table 12: proxy trace files (or labelled chains converted from them)")  # fmt: skip
         parser.add_argument("--logprobs", action="append", default=[], metavar="FILE",
                             help="option-probability records for the FREAK-style curve (JSONL)")  # fmt: skip
+        parser.add_argument("--replay", action="append", default=[], metavar="FILE",
+                            help="Table 3: what `bench replay --json` printed (one per file, or JSONL)")  # fmt: skip
         parser.add_argument("--title", default="faithproxy benchmark report")
         parser.add_argument("--json", action="store_true")
 
@@ -352,10 +367,11 @@ class Report:
         pairs = [(name, _read(vanilla), _read(corrected)) for name, vanilla, corrected in args.pair]
         regeneration = [record for path in args.regeneration for _, record in iter_trace_records(path)]
         logprobs = [record for path in args.logprobs for _, record in iter_trace_records(path)]
-        if not (pairs or swap or regeneration or logprobs):
-            raise CommandError("nothing to report: give --pair, --swap, --regeneration or --logprobs")
+        detectors = [report for path in args.replay for report in _json_objects(path)]
+        if not (pairs or swap or regeneration or logprobs or detectors):
+            raise CommandError("nothing to report: give --pair, --swap, --replay, --regeneration or --logprobs")
         data = build_report(args.out, pairs=pairs, swap=swap, regeneration=regeneration, logprobs=logprobs,
-                            title=args.title)  # fmt: skip
+                            detectors=detectors, title=args.title)  # fmt: skip
         out = Path(args.out)
         _print(args, data | {"report": str(out / "report.md")},
                [f"wrote {out / 'report.md'} and {len(data['files'])} plot(s)"])  # fmt: skip

@@ -2,6 +2,8 @@
 
     Table 11 style   UPR and accuracy, vanilla vs corrected, one row per benchmark
     Table 4 style    detector swap: UPR and accuracy of corrected runs, one row per detector
+    Table 3 style    detectors side by side: F1, precision, recall, AUROC (all, and by step position),
+                     calls and latency, from `bench replay --json` reports
     Table 12 style   regeneration outcomes: steps fixed in 1, 2, ..., K tries, and failed after K
     FREAK curve      probability of the correct MCQ option after each reasoning step
 
@@ -44,6 +46,7 @@ PAPER_TABLE_11 = {
     "mmvp": {"upr_vanilla": 8.4, "upr_corrected": 1.7, "acc_vanilla": 35.0, "acc_corrected": 39.7},
 }
 PAPER_TABLE_12 = {"fixed": [2096, 794, 425], "failed": 2217}
+PAPER_TABLE_3 = {"SAPLMA probe": 25.4, "HaloScope": 14.9, "kNN": 8.9, "prompting": 30.8, "auxiliary model": 97.8}
 
 # ------------------------------------------------------------------------------------------ accuracy
 
@@ -233,6 +236,31 @@ def table_12(outcomes: Outcomes) -> list[str]:
     return _table(["outcome", "steps", "% of invoked"], rows)
 
 
+def table_3(reports: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Detectors side by side, from `bench replay --json` reports (F1 on the unfaithful class)."""
+    rows = []
+    for r in reports:
+        f1 = r.get("f1") or {}
+        by_position = r.get("f1_by_position") or {}
+        name = str(r.get("detector")) + (f" ({r['judge']})" if r.get("judge") else "")
+        rows.append([
+            name,
+            pct(f1.get("f1")),
+            pct(f1.get("precision")),
+            pct(f1.get("recall")),
+            pct(f1.get("auroc")),
+            pct((by_position.get("i<=2") or {}).get("f1")),
+            pct((by_position.get("i>2") or {}).get("f1")),
+            r.get("detector_calls", "–"),
+            "–" if r.get("judge_calls") is None else r["judge_calls"],
+            "–" if r.get("latency_p50_s") is None else f"{1000 * r['latency_p50_s']:.0f}",
+            f1.get("steps", "–"),
+        ])  # fmt: skip
+    header = ["detector", "F1 %", "precision %", "recall %", "AUROC %", "F1 % i≤2", "F1 % i>2", "detector calls",
+              "judge calls", "p50 ms / call", "steps"]  # fmt: skip
+    return _table(header, rows)
+
+
 def curve_table(curve: Curve) -> list[str]:
     rows = [[k, f"{p:.3f}", "–" if d is None else f"{d:.3f}", n] for k, p, d, n in curve.by_step]
     return _table(["after step", "P(correct option)", "P(distractor)", "chains"], rows)
@@ -300,6 +328,7 @@ def build_report(
     swap: Sequence[tuple[str, Sequence[LabelledChain]]] = (),
     regeneration: Sequence[Mapping[str, Any]] = (),
     logprobs: Sequence[Mapping[str, Any]] = (),
+    detectors: Sequence[Mapping[str, Any]] = (),
     title: str = "faithproxy benchmark report",
 ) -> dict[str, Any]:
     """Writes report.md, report.json and the plots of the sections given; returns report.json's content."""
@@ -326,6 +355,17 @@ def build_report(
               "%", "Detector swap")  # fmt: skip
         md += [f"![detector swap]({plot.name})", ""]
         data["files"]["table_4"] = plot.name
+    if detectors:
+        md += ["## Detectors against the same labels (Table 3 style, unfaithful class)", "", *table_3(detectors), ""]
+        paper = ", ".join(f"{k} {v}" for k, v in PAPER_TABLE_3.items())
+        md += [f"Paper, F1 % against a strong judge's labels: {paper}.", ""]
+        data["table_3"] = [dict(r) for r in detectors]
+        plot = out / "detector_f1.png"
+        names = [str(r.get("detector")) + (f"/{r['judge']}" if r.get("judge") else "") for r in detectors]
+        _bars(plot, names, {"F1 (unfaithful)": [(r.get("f1") or {}).get("f1") for r in detectors]}, "F1 %",
+              "Detector F1")  # fmt: skip
+        md += [f"![detector F1]({plot.name})", ""]
+        data["files"]["table_3"] = plot.name
     if regeneration:
         outcomes = regeneration_outcomes(regeneration)
         md += ["## Regeneration outcomes (Table 12 style)", "", *table_12(outcomes), ""]

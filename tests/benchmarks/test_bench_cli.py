@@ -136,6 +136,11 @@ def test_replay_against_the_local_judge(capsys: pytest.CaptureFixture[str], trac
         assert data["upr_gold"] == pytest.approx(2 / 3) and data["upr_predicted"] == pytest.approx(1 / 3)
         predictions = read_chains(out)
         assert predictions[0].steps[1].text == "The car is blue." and predictions[0].steps[1].faithful is False
+        saved = tmp_path / "replay.json"
+        saved.write_text(json.dumps(data))
+        code, report, _ = run(capsys, "report", "--out", str(tmp_path / "r"), "--replay", str(saved), "--json")
+        assert code == 0 and report["table_3"][0]["detector_calls"] == 3
+        assert "| judge (local) | 66.7 | 100.0 | 50.0 |" in (tmp_path / "r" / "report.md").read_text()
         code, _, text = run(capsys, "replay", "--traces", str(traces), "--detector", "jduge", "--judges", judges)
         assert code == 2 and "did you mean 'judge'" in text
         code, _, text = run(capsys, "replay", "--traces", str(traces), "--detector", "judge", "--judges", "[{}]")

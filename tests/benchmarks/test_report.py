@@ -105,6 +105,20 @@ def test_report_files_and_numbers(tmp_path: Path) -> None:
     assert data["table_12"]["fixed_by_attempt"] == {1: 1} and data["table_12"]["failed"] == 1
 
 
+def test_detector_table_from_replay_reports(tmp_path: Path) -> None:
+    judge = {"detector": "judge", "judge": "claude", "detector_calls": 12, "judge_calls": 13, "latency_p50_s": 0.25,
+             "f1": {"f1": 0.9, "precision": 1.0, "recall": 0.818, "auroc": None, "steps": 40},
+             "f1_by_position": {"i<=2": {"f1": 1.0}, "i>2": {"f1": 0.8}}}  # fmt: skip
+    prompt = {"detector": "prompt", "judge": None, "detector_calls": 20, "judge_calls": None, "latency_p50_s": None,
+              "f1": {"f1": 0.3, "precision": 0.25, "recall": 0.375, "auroc": 0.6, "steps": 40}}  # fmt: skip
+    data = build_report(tmp_path, detectors=[judge, prompt])
+    md = (tmp_path / "report.md").read_text()
+    assert "| judge (claude) | 90.0 | 100.0 | 81.8 | – | 100.0 | 80.0 | 12 | 13 | 250 | 40 |" in md
+    assert "| prompt | 30.0 | 25.0 | 37.5 | 60.0 | – | – | 20 | – | – | 40 |" in md
+    assert "prompting 30.8" in md and (tmp_path / "detector_f1.png").read_bytes().startswith(PNG_MAGIC)
+    assert data["table_3"][1]["detector"] == "prompt"
+
+
 def test_sections_are_optional(tmp_path: Path) -> None:
     data = build_report(tmp_path, swap=[("none", [chain("a", [], None, None)])])
     md = (tmp_path / "report.md").read_text()
