@@ -13,7 +13,10 @@ files are written once to `DATA_DIR/.faithproxy-images/`.
 
 Metrics: `genuine_accuracy` (triplets with all three right; triplets the run lacks a member of are left
 out and counted in `incomplete_triplets`), `average_accuracy` (per question), and the accuracy of each
-question type (`origin_accuracy`, `perception_accuracy`, `knowledge_accuracy`).
+question type (`origin_accuracy`, `perception_accuracy`, `knowledge_accuracy`), and among complete
+triplets whose original question is right, the share with the perception (knowledge) question right too
+(`perception_consistency`, `knowledge_consistency`: a right answer for the wrong reasons shows as a low
+value).
 
 Loader options: `source` (keep one source only, e.g. `MMMU`), `instruction` (appended to prompts).
 """
@@ -118,12 +121,15 @@ def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[
         triplets[item.extra["triplet"]][item.extra["eval_type"]] = right
         by_type[item.extra["eval_type"]].append(right)
     complete = [t for t in triplets.values() if set(t) == set(EVAL_TYPES)]
+    origin_right = [t for t in complete if t["Origin"]]
     return {
         "questions": len(items),
         "triplets": len(complete),
         "genuine_accuracy": ratio(sum(all(t.values()) for t in complete), len(complete)),
         "average_accuracy": ratio(sum(sum(v) for v in by_type.values()), len(items)),
         **{f"{t.lower()}_accuracy": ratio(sum(v), len(v)) for t, v in by_type.items()},
+        "perception_consistency": ratio(sum(t["Perception"] for t in origin_right), len(origin_right)),
+        "knowledge_consistency": ratio(sum(t["Knowledge"] for t in origin_right), len(origin_right)),
         "incomplete_triplets": len(triplets) - len(complete),
         "unparsed": unparsed,
     }

@@ -90,6 +90,8 @@ def test_genuine_accuracy_needs_the_whole_triplet(tmp_path: Path) -> None:
         "origin_accuracy": pytest.approx(2 / 3),
         "perception_accuracy": pytest.approx(2 / 3),
         "knowledge_accuracy": 1.0,
+        "perception_consistency": 0.5,  # triplets 1 and 2 have the origin right; only 1 the perception
+        "knowledge_consistency": 1.0,
         "incomplete_triplets": 1,
         "unparsed": 1,
     }
@@ -100,6 +102,7 @@ def test_genuine_accuracy_needs_the_whole_triplet(tmp_path: Path) -> None:
 def test_empty_and_bad_answers(tmp_path: Path) -> None:
     empty = mmevalpro.score([], {})
     assert empty["genuine_accuracy"] is None and empty["knowledge_accuracy"] is None
+    assert empty["perception_consistency"] is None
     (tmp_path / "MMEvalPro.jsonl").write_text(json.dumps(row(1, 1, "Origin", "maybe")))
     with pytest.raises(ValueError, match="neither a letter"):
         mmevalpro.load(tmp_path)
