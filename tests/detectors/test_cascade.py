@@ -1,0 +1,111 @@
+"""Cascade routing: which steps the probe decides, which go to the judge, and what is counted."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from detectors.base import ChainContext, Detector
+from detectors.cascade import CascadeDetector
+from detectors.probe import ProbeDetector
+from faithcore.types import Faithfulness, Step, StepKind, Verdict
+
+F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
+
+
+class FixedProbe(ProbeDetector):
+    """Scores by step text; reasoning steps get None, as the real probe gives them."""
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        self.fixed = scores
+
+    def validate_request(self, ctx: ChainContext) -> None:
+        return None
+
+    async def scores(self, ctx: ChainContext, new_steps: list[Step]) -> list[float | None]:
+        return [None if s.kind is StepKind.REASONING else self.fixed[s.text] for s in new_steps]
+
+
+class RecordingJudge(Detector):
+    """Unfaithful for the texts in `bad` (then UNKNOWN after, as the judge does); records its calls."""
+
+    name: ClassVar[str] = "judge"
+
+    def __init__(self, bad: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.bad = bad
+        self.calls: list[tuple[list[str], list[str]]] = []
+
+    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+        self.calls.append(([s.text for s in ctx.accepted], [s.text for s in new_steps]))
+        out, hit = [], False
+        for s in new_steps:
+            if hit:
+                out.append(Verdict(N, "judge", reason="judge:x:not_reached"))
+            elif s.text in self.bad:
+                hit = True
+                out.append(Verdict(U, "judge", kind=StepKind.PERCEPTION, reason="judge:x"))
+            else:
+                out.append(Verdict(F, "judge", kind=s.kind, reason="judge:x"))
+        return out
+
+
+def steps(*texts: str) -> list[Step]:
+    return [
+        Step(index=i, text=t, raw=" " + t, kind=StepKind.REASONING if t.startswith("So") else StepKind.PERCEPTION)
+        for i, t in enumerate(texts)
+    ]
+
+
+def ctx(accepted: list[Step] | None = None, **options: Any) -> ChainContext:
+    return ChainContext(request_id="r", model="m", messages=[], question="q", images=[], accepted=accepted or [],
+                        options=options)  # fmt: skip
+
+
+def cascade(scores: dict[str, float], judge: RecordingJudge, **kw: Any) -> tuple[CascadeDetector, list[Any]]:
+    seen: list[Any] = []
+    detector = CascadeDetector(FixedProbe(scores), judge, on_decision=lambda stage, n: seen.append((stage, n)), **kw)
+    return detector, seen
+
+
+async def test_confident_probe_decides_without_judge() -> None:
+    judge = RecordingJudge()
+    detector, seen = cascade({"A.": 0.01, "B.": 0.02}, judge)
+    verdicts = await detector.check(ctx(), steps("A.", "So C.", "B."))
+    assert [v.faithfulness for v in verdicts] == [F, F, F]
+    assert judge.calls == [] and seen == [("probe", 1), ("probe", 1)]
+    assert all(v.detector == "cascade" for v in verdicts) and verdicts[0].reason == "cascade:probe"
+
+
+async def test_confident_unfaithful_ends_the_batch() -> None:
+    judge = RecordingJudge()
+    detector, _ = cascade({"A.": 0.05, "B.": 0.97, "C.": 0.5}, judge)
+    verdicts = await detector.check(ctx(), steps("A.", "B.", "C."))
+    assert [v.faithfulness for v in verdicts] == [F, U, N]
+    assert verdicts[1].score == 0.97 and judge.calls == []
+    assert dict(detector.decisions) == {"probe": 2}
+
+
+async def test_uncertain_step_goes_to_judge_with_earlier_steps_as_context() -> None:
+    judge = RecordingJudge(bad={"C."})
+    detector, seen = cascade({"A.": 0.05, "B.": 0.5, "C.": 0.01}, judge)
+    earlier = steps("Z.")
+    verdicts = await detector.check(ctx(accepted=earlier), steps("A.", "B.", "C."))
+    # the judge gets B. and everything after it, with the accepted step and A. as context
+    assert judge.calls == [(["Z.", "A."], ["B.", "C."])]
+    assert [v.faithfulness for v in verdicts] == [F, F, U]
+    assert verdicts[2].reason == "cascade:judge:x" and verdicts[2].score == 0.01
+    assert seen == [("probe", 1), ("judge", 2)]
+
+
+@pytest.mark.parametrize(("low", "high", "judged"), [(0.0, 1.0, True), (0.4, 0.6, False)])
+async def test_thresholds_come_from_the_request(low: float, high: float, judged: bool) -> None:
+    judge = RecordingJudge()
+    detector, _ = cascade({"A.": 0.3}, judge, low=0.1, high=0.9)  # server defaults: A. is uncertain
+    await detector.check(ctx(cascade_low=low, cascade_high=high), steps("A."))
+    assert bool(judge.calls) is judged
+
+
+def test_thresholds_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="low <= high"):
+        CascadeDetector(FixedProbe({}), RecordingJudge(), low=0.8, high=0.2)

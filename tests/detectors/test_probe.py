@@ -1,0 +1,172 @@
+"""The probe file format (round trip, refusals) and ProbeDetector over a stand-in hidden-states client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clients.hidden_states import Features, HiddenStates, HiddenStatesClient
+from detectors.base import ChainContext
+from detectors.probe import Probe, ProbeDetector, ProbeFileError, chain_prefix
+from faithcore.errors import DetectorError, ProbeMismatch, UpstreamError
+from faithcore.types import Channel, Faithfulness, Step, StepKind
+
+H = 4
+LAYERS = [1, 2]
+
+
+def make_probe(**overrides: Any) -> Probe:
+    """P(unfaithful) rises with the first feature of layer 2 (input index H)."""
+    weights = np.zeros(H * len(LAYERS))
+    weights[H] = 4.0
+    classifier = {"kind": "logistic", "mean": np.zeros(H * 2), "std": np.ones(H * 2), "weights": weights, "bias": 0.0}
+    fields: dict[str, Any] = {
+        "model": "tiny-vlm",
+        "layers": LAYERS,
+        "hidden_size": H,
+        "classifier": classifier,
+        "threshold": 0.5,
+        "training": {"data_sha256": "ab" * 32, "n_train": 10},
+        "validation": {"f1": 0.8, "auroc": 0.9},
+    }
+    return Probe(**(fields | overrides))
+
+
+def test_round_trip_keeps_predictions_and_metadata(tmp_path: Path) -> None:
+    probe = make_probe()
+    path = tmp_path / "probe.json"
+    probe.save(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "faithproxy-probe" and data["version"] == 1
+    assert data["model"] == "tiny-vlm" and data["layers"] == LAYERS and data["recipe"]["name"] == "last_token"
+    assert data["training"]["data_sha256"] == "ab" * 32 and data["validation"]["f1"] == 0.8
+    loaded = Probe.load(path)
+    x = np.random.default_rng(0).normal(size=(5, H * 2))
+    np.testing.assert_allclose(loaded.predict(x), probe.predict(x))
+    assert loaded.threshold == 0.5 and loaded.layers == LAYERS
+
+
+def test_mlp_classifier_round_trip(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    classifier = {"kind": "mlp", "mean": np.zeros(8), "std": np.ones(8), "w1": rng.normal(size=(8, 3)),
+                  "b1": np.zeros(3), "w2": rng.normal(size=3), "b2": 0.1}  # fmt: skip
+    probe = make_probe(classifier=classifier)
+    probe.save(tmp_path / "p.json")
+    x = rng.normal(size=(4, 8))
+    np.testing.assert_allclose(Probe.load(tmp_path / "p.json").predict(x), probe.predict(x))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"format": "something-else"}, "not a faithproxy probe"),
+        ({"version": 99}, "version 99"),
+        ({"recipe": {"name": "mean_pool"}}, "unknown feature recipe"),
+        ({"threshold": 1.5}, "not a probability"),
+        ({"hidden_size": 5}, "classifier has 8 inputs"),
+    ],
+)
+def test_malformed_files_are_refused(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    data = make_probe().to_json() | change
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(ProbeFileError, match=message):
+        Probe.load(tmp_path / "p.json")
+
+
+def test_refuses_another_model_with_409() -> None:
+    with pytest.raises(ProbeMismatch) as info:
+        make_probe().check_compatible(model="other-vlm")
+    assert info.value.status_code == 409 and info.value.code == "probe_mismatch"
+    assert "tiny-vlm" in info.value.message and "other-vlm" in info.value.message
+
+
+def test_refuses_layers_the_server_does_not_capture() -> None:
+    with pytest.raises(ProbeMismatch, match=r"missing \[2\]"):
+        ProbeDetector(make_probe(), FakeHidden(layers=[0, 1]))
+
+
+def test_wrong_feature_width_is_a_mismatch() -> None:
+    with pytest.raises(ProbeMismatch, match="expects 8 features"):
+        make_probe().predict(np.zeros((1, 6)))
+
+
+def test_features_json_round_trip() -> None:
+    vectors = np.arange(8, dtype=np.float32).reshape(2, 4)
+    features = Features(vectors, [1, 2])
+    back = Features.from_json(json.loads(json.dumps(features.to_json())))
+    np.testing.assert_array_equal(back.vectors, vectors)
+    assert back.layers == [1, 2] and back.recipe == "last_token"
+    np.testing.assert_array_equal(back.select([2]), vectors[1])
+    with pytest.raises(ValueError, match="not captured"):
+        back.select([3])
+
+
+# ---- the detector over a stand-in client ------------------------------------------------------
+
+
+class FakeHidden(HiddenStatesClient):
+    """Answers each capture with states whose layer-2 first value is the step's `score` (by text)."""
+
+    def __init__(self, layers: list[int] = LAYERS, scores: dict[str, float] | None = None, fail: bool = False):
+        super().__init__(generator=None, layers=layers)  # type: ignore[arg-type]
+        self.scores = scores or {}
+        self.fail = fail
+        self.texts: list[str] = []
+
+    async def capture(self, model: str, messages: list[dict[str, Any]], assistant_text: str) -> HiddenStates:
+        if self.fail:
+            raise UpstreamError("vLLM returned no hidden_states_path", code="no_hidden_states")
+        self.texts.append(assistant_text)
+        last = assistant_text.rsplit(".", 2)[-2].strip() + "." if "." in assistant_text else assistant_text
+        states = np.zeros((3, len(self.layers), H), dtype=np.float32)
+        states[-1, self.layers.index(2), 0] = self.scores.get(last.split("\n")[-1].strip(), 0.0)
+        return HiddenStates(np.arange(3), states, self.layers)
+
+
+def step(index: int, text: str, kind: StepKind = StepKind.PERCEPTION, raw: str | None = None) -> Step:
+    return Step(index=index, text=text, raw=raw if raw is not None else f" {text}", kind=kind)
+
+
+def ctx(**options: Any) -> ChainContext:
+    return ChainContext(request_id="r", model="tiny-vlm", messages=[{"role": "user", "content": "q"}], question="q",
+                        images=[], options=options)  # fmt: skip
+
+
+async def test_detector_scores_perception_steps_and_uses_request_threshold() -> None:
+    hidden = FakeHidden(scores={"The ball is red.": 2.0, "It is small.": -2.0})
+    detector = ProbeDetector(make_probe(), hidden)
+    steps = [
+        step(0, "The ball is red.", raw="<think>\nThe ball is red."),
+        step(1, "So it is red.", StepKind.REASONING),
+        step(2, "It is small."),
+    ]
+    verdicts = await detector.check(ctx(), steps)
+    assert [v.faithfulness for v in verdicts] == [Faithfulness.UNFAITHFUL, Faithfulness.FAITHFUL, Faithfulness.FAITHFUL]
+    assert verdicts[0].score == pytest.approx(1 / (1 + np.exp(-8.0)))
+    assert verdicts[1].score is None
+    # one capture per perception step, each ending at that step, without trailing space
+    assert hidden.texts == ["<think>\nThe ball is red.", "<think>\nThe ball is red. So it is red. It is small."]
+    assert isinstance(steps[0].features, Features)
+    # a threshold above the score passes it; the features are not read again
+    fresh = await detector.check(ctx(probe_threshold=0.99999), steps)
+    assert fresh[0].faithfulness is Faithfulness.FAITHFUL and len(hidden.texts) == 2
+
+
+async def test_detector_refuses_other_model_and_wraps_capture_errors() -> None:
+    detector = ProbeDetector(make_probe(), FakeHidden(fail=True))
+    other = ctx()
+    other.model = "other-vlm"
+    with pytest.raises(ProbeMismatch):
+        detector.validate_request(other)
+    with pytest.raises(DetectorError, match="hidden states unavailable"):
+        await detector.check(ctx(), [step(0, "The ball is red.")])
+
+
+def test_chain_prefix_restores_think_tag_for_reasoning_channel() -> None:
+    steps = [Step(index=0, text="A.", raw="A.", channel=Channel.REASONING)]
+    assert chain_prefix(steps) == "<think>A."
+    assert chain_prefix([step(0, "A.", raw="<think>\nA.")]) == "<think>\nA."
