@@ -11,8 +11,8 @@ chain run in order.
 Predictions are labelled chains (benchmarks/labelled.py): the gold chain's fields, each step's kind as
 the detector left it, `faithful` from its verdict (null for reasoning steps and for steps it could not
 decide), `score` when the detector gives one, and the verdict's detector, reason and call latency as
-extra step fields. A failed detector call (`DetectorError`) leaves its steps unlabelled and is counted;
-it never stops the replay.
+extra step fields. A failed detector call (any `FaithproxyError`: the judge or the generator failed)
+leaves its steps unlabelled and is counted; it never stops the replay.
 
 Images: a chain's `image` that names a readable file (absolute, or relative to `image_dir`) is sent as
 a data URL; a bare sha256 is looked up among the files of `image_dir` by content hash. A chain whose
@@ -37,7 +37,7 @@ from benchmarks.labelled import KINDS, LabelledChain, LabelledStep
 from benchmarks.metrics import f1_by_position, step_f1, upr
 from detectors.base import ChainContext, Detector
 from detectors.registry import DETECTORS, DetectorDeps, build_detectors, resolve
-from faithcore.errors import DetectorError
+from faithcore.errors import DetectorError, FaithproxyError
 from faithcore.images import ImageRef, parse_image_url
 from faithcore.kinds import classify_step
 from faithcore.types import Faithfulness, Step, StepKind, Verdict
@@ -228,7 +228,7 @@ async def replay_chain(
     batch: int = 16,
     kinds: Kinds = "heuristic",
 ) -> ChainReplay:
-    """Every step of `chain` through `detector` (see the module docstring); never raises DetectorError."""
+    """Every step of `chain` through `detector` (see the module docstring); a failed call is recorded, not raised."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
     image = (images or ImageResolver()).resolve(chain.image)
@@ -259,7 +259,7 @@ async def replay_chain(
             verdicts = await detector.check(ctx, pending)
             if len(verdicts) != len(pending):
                 raise DetectorError(f"{len(verdicts)} verdicts for {len(pending)} steps")
-        except DetectorError as exc:
+        except FaithproxyError as exc:
             elapsed = time.perf_counter() - started
             out.calls += 1
             out.call_latencies.append(elapsed)
