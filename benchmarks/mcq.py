@@ -3,11 +3,13 @@
 Reasoning models rarely answer with a bare letter. The reply is read in this order, and the first rule
 that finds something wins:
 
-1. Only the text after the last `</think>` counts as the answer when the reply has one; the reasoning is
-   consulted only for explicit answer markers (below) when the answer part gives nothing.
+1. Only the text after the last `</think>` counts as the answer when the reply has one. The reasoning
+   is consulted only when there is no answer part at all (a `<think>` that never closed, or nothing
+   after it), and then only for the explicit markers of rule 2, not for claims.
 2. Explicit markers, the last one in the text: `\\boxed{...}`, `<answer>...</answer>`, "the (final)
-   answer is ...", "Answer: ...", "the correct option is ...". What they enclose may be a letter in any
-   dress (`B`, `(b)`, `B.`, `B) red`, `Option B`, `\\text{B}`) or the text of an option.
+   answer is ...", "Answer: ...", "the correct option is ...". What they enclose may be a letter in
+   any dress (`B`, `(b)`, `B.`, `B) red`, `Option B`, `\\text{B}`) or the text of an option. Then
+   claims about a capital letter: "option C is correct", "C is the right answer", "I choose B".
 3. The answer part itself, when it is a letter in such a dress, starts with one (`B. red is ...`), or
    names exactly one option's text.
 
@@ -39,6 +41,11 @@ _LETTER_DRESS = re.compile(
         \s*(?:\}|\*\*)?
         (?P<rest>(?:\s*[.:)\-,]|\s*$).*)?$""",
     re.I | re.S | re.X,
+)
+# "option C is correct", "C is the right answer", "I choose B": capital letters only (never the article)
+_CLAIM = re.compile(
+    r"(?:\b(?:option|choice)\s*)?\(?\b(?P<a>[A-Z])\b\)?\s+is\s+(?:the\s+)?(?:correct|right|best)\b"
+    r"|\b(?:choose|pick|select|go\s+with)\s+(?:option\s+|choice\s+)?\(?\b(?P<b>[A-Z])\b\)?"
 )
 _WORD = re.compile(r"[a-z0-9]+(?:[.'][a-z0-9]+)*")
 
@@ -112,7 +119,7 @@ def _parse_span(span: str, letters: str, options: Sequence[str], *, strict_lower
     return None
 
 
-def _from_markers(text: str, letters: str, options: Sequence[str]) -> str | None:
+def _from_markers(text: str, letters: str, options: Sequence[str], *, claims: bool = True) -> str | None:
     for content in reversed(_boxed_contents(text)):
         if (letter := _parse_span(content, letters, options, strict_lower=False)) is not None:
             return letter
@@ -122,6 +129,9 @@ def _from_markers(text: str, letters: str, options: Sequence[str]) -> str | None
     for match in reversed(list(_MARKER.finditer(text))):
         span = re.split(r"(?<=[.!?])\s", match["span"], maxsplit=1)[0]  # first sentence after the marker
         if (letter := _parse_span(span, letters, options, strict_lower=True)) is not None:
+            return letter
+    for match in reversed(list(_CLAIM.finditer(text)) if claims else []):
+        if (letter := match["a"] or match["b"]) in letters:
             return letter
     return None
 
@@ -146,7 +156,7 @@ def extract_choice(text: str | None, options: Sequence[str] = (), *, n_options: 
         if options and (index := _option_in(answer, options)) is not None:
             return letters[index]
         return None
-    return _from_markers(reasoning, letters, options)
+    return _from_markers(reasoning, letters, options, claims=False)  # musings are not answers
 
 
 _YES_NO = re.compile(r"\b(yes|no)\b", re.I)

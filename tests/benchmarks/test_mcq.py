@@ -37,6 +37,11 @@ OPTIONS = ["red", "blue", "green", "the correct answer is not listed"]
         ("<think>\nThe circle is blue.\n</think>\n\nThe answer is B.", "B"),
         # a reasoning block that never closed: only an explicit marker inside it counts
         ("<think>Looking closely, the answer is C", "C"),
+        # claims about a capital letter
+        ("Therefore, option C is correct.", "C"),
+        ("C is the correct answer.", "C"),
+        ("I will go with (D).", "D"),
+        ("Maybe B is right, but A is the correct one.", "A"),
         # the last marker wins (models often restate)
         ("The answer is A. Wait, looking again, the answer is C.", "C"),
     ],
@@ -57,6 +62,9 @@ def test_reads_the_chosen_letter(reply: str, expected: str) -> None:
         "The answer is E.",  # not an option
         "<think>The circle is red, so A fits.",  # unfinished reasoning without a marker
         "<think>thinking</think>",  # nothing after the reasoning, no marker in it
+        "<think>Option B is correct? Let me check the",  # a claim inside unfinished reasoning
+        "Option A is wrong.",
+        "a is correct",  # lower case: could be anything
     ],
 )
 def test_unreadable_replies_are_none(reply: str | None) -> None:
