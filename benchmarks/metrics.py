@@ -48,6 +48,9 @@ class UPRResult:
     steps: int
     unlabelled_perception_steps: int  # perception steps with faithful = null (unchecked)
     chains_with_unfaithful: int
+    # UPR if every unlabelled perception step were unfaithful: the proxy's residual UPR counts unchecked
+    # steps so (a chain nobody checked is not a faithful chain)
+    upr_unlabelled_as_unfaithful: float | None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +69,7 @@ def upr(chains: Sequence[LabelledChain]) -> UPRResult:
         steps=sum(len(c.steps) for c in chains),
         unlabelled_perception_steps=unlabelled,
         chains_with_unfaithful=sum(1 for c in chains if c.unfaithful_steps),
+        upr_unlabelled_as_unfaithful=_ratio(unfaithful + unlabelled, perception),
     )
 
 

@@ -113,11 +113,16 @@ async def test_delivered_and_original_views(trace_file: Path) -> None:
     assert [s.faithful for s in original.steps] == [True, False, None]
     assert original.steps[1].extra["delivered_text"] == "The car is red."
     assert upr([correct]).upr == 0.0 and upr([original]).upr == 0.5
+    # the two views give the proxy's own residual and detected UPR of the request
+    summary = correct.extra["summary"]
+    assert (summary["upr_residual"], summary["upr_detected"]) == (upr([correct]).upr, upr([original]).upr)
     # detect mode: the model's text, flagged and not rewritten (the judge reached through OpenAI chat)
     assert [s.faithful for s in detect.steps] == [True, False, None] and detect.extra["judge"] == "qwen"
     # no detector: perception steps are unlabelled, counted as such
     assert [s.faithful for s in unchecked.steps] == [None, None, None]
     assert upr([unchecked]).unlabelled_perception_steps == 2
+    # ... and counted as the proxy counts them in its residual UPR
+    assert upr([unchecked]).upr_unlabelled_as_unfaithful == unchecked.extra["summary"]["upr_residual"] == 1.0
     # off mode: no session, nothing to label
     assert off.steps == [] and off.question == "" and off.extra["prompt"] is None
     # filters

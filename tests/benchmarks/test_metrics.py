@@ -31,6 +31,7 @@ def test_upr_pools_steps_over_chains() -> None:
     assert result.upr == 0.25
     assert (result.perception_steps, result.unfaithful_steps, result.chains, result.steps) == (4, 1, 3, 6)
     assert result.unlabelled_perception_steps == 1 and result.chains_with_unfaithful == 1
+    assert result.upr_unlabelled_as_unfaithful == 0.5  # (1 + 1) / 4
 
 
 def test_upr_edge_cases() -> None:
