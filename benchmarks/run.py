@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import inspect
 import json
 import mimetypes
 import os
@@ -329,7 +330,11 @@ async def _judge_all(module, items: list[Item], predictions: dict[str, dict[str,
 
 
 def _prepare(module, args: argparse.Namespace) -> tuple[list[Item], Path]:
-    items = module.load(args.data_dir, **_pairs(args.loader_arg, "--loader-arg"))
+    options = _pairs(args.loader_arg, "--loader-arg")
+    known = [name for name in inspect.signature(module.load).parameters if name != "data_dir"]
+    if unknown := sorted(set(options) - set(known)):
+        raise ValueError(f"{args.dataset} has no option {', '.join(unknown)}; its options: {', '.join(known)}")
+    items = module.load(args.data_dir, **options)
     if twice := sorted(k for k, n in Counter(i.id for i in items).items() if n > 1):
         raise ValueError(f"{args.dataset}: item ids occur twice ({', '.join(twice[:5])}): results would mix")
     if args.limit is not None:

@@ -149,6 +149,9 @@ async def test_unknown_dataset_and_bad_pairs(tmp_path: Path, capsys: pytest.Capt
     args = parse("--dataset", "mmpv", "--data-dir", str(tmp_path), "--target", "http://127.0.0.1:9")
     assert await bench_run.run(args) == 2
     assert "Did you mean 'mmvp'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="freak has no option setting; its options: mode, instruction"):
+        await bench_run.run(parse("--dataset", "freak", "--data-dir", str(tmp_path), "--target", "http://127.0.0.1:9",
+                                  "--loader-arg", "setting=open"))  # fmt: skip
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         await bench_run.run(parse("--dataset", "freak", "--data-dir", str(write_freak(tmp_path)),
                                   "--target", "http://127.0.0.1:9", "--loader-arg", "open"))  # fmt: skip
