@@ -8,6 +8,10 @@ the best of them per letter) form entry k of the record that `benchmarks/report.
 
     {"id", "gold_answer", "distractor" (when the chain has one), "option_logprobs": [{"A": -2.1, ...}, ...]}
 
+The answer prefix must end where the model's own text would end before the letter: with "(" or with
+the word before it, never with a space (" B" is one token for most tokenizers; a prefix ending in a
+space forces the letter into a tokenization the model never saw, and every letter looks unlikely).
+
 A letter outside the top tokens is left out of its entry (its probability is taken as 0 when the
 entry is renormalised). A failed request leaves its entry empty and is counted; it never stops the
 collection. vLLM serves this on CPU and GPU alike (`logprobs`, `top_logprobs`, `continue_final_message`).
