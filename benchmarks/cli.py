@@ -386,7 +386,9 @@ class OptionCurve:
         parser.add_argument("--model", required=True, help="the generator's model name")
         parser.add_argument("--out", required=True, help="JSONL records for `bench report --logprobs`")
         parser.add_argument("--options", default="ABCD", help="option letters (default ABCD)")
-        parser.add_argument("--answer-prefix", default=None, help="text after the steps, before the letter (no trailing space)")
+        parser.add_argument(
+            "--answer-prefix", default=None, help="text after the steps, before the letter (no trailing space)"
+        )
         parser.add_argument("--think-open", default="", help="text before the steps, e.g. '<think>\\n'")
         _add_view(parser, "original")
         _add_batch_options(parser)
