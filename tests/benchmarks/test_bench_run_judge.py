@@ -155,3 +155,45 @@ async def test_unknown_dataset_and_bad_pairs(tmp_path: Path, capsys: pytest.Capt
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         await bench_run.run(parse("--dataset", "freak", "--data-dir", str(write_freak(tmp_path)),
                                   "--target", "http://127.0.0.1:9", "--loader-arg", "open"))  # fmt: skip
+
+
+def test_upr_totals_pool_the_summaries() -> None:
+    records = [
+        {"faithfulness": {"steps": [{}] * 4, "perception_steps": 3, "unfaithful_detected": 1, "residual": 0,
+                          "regenerations": 1, "fixed": 1}},
+        {"faithfulness": {"steps": [{}] * 2, "perception_steps": 1, "unfaithful_detected": 1, "residual": 1,
+                          "regenerations": 3, "fixed": 0}},
+        {"faithfulness": None, "error": "timeout"},
+    ]  # fmt: skip
+    totals = bench_run.faithfulness_totals(records)
+    assert totals == {
+        "requests_with_summary": 2, "steps": 6, "perception_steps": 4, "unfaithful_detected": 2, "residual": 1,
+        "upr_detected": 0.5, "upr_residual": 0.25, "regenerations": 4, "fixed": 1,
+    }  # fmt: skip
+    no_perception = bench_run.faithfulness_totals([{"faithfulness": {"steps": [], "perception_steps": 0}}])
+    assert no_perception["upr_detected"] is None and no_perception["upr_residual"] is None
+    assert bench_run.faithfulness_totals([])["requests_with_summary"] == 0
+
+
+def test_chain_labels_only_when_the_summary_aligns() -> None:
+    from benchmarks.datasets import Item, mmvp
+
+    item = Item(id="mmvp-1", question="Q?", prompt="Q? Options: A. x B. y", answer="A", options=("x", "y"))
+    summary = {"steps": [
+        {"index": 0, "kind": "perception", "verdict": "faithful", "detected": "unfaithful", "regenerated": True,
+         "original_text": "The cat is black.", "attempts": 1, "residual": False},
+        {"index": 1, "kind": "reasoning", "verdict": "unknown", "detected": "unknown", "regenerated": False,
+         "attempts": 0, "residual": False},
+    ]}  # fmt: skip
+    record = {"text": "The answer is A.", "reasoning": "The cat is white.", "faithfulness": summary, "request_id": "r"}
+    chain = bench_run.chain_of(item, record, mmvp, dataset="mmvp", mode="correct")
+    assert [(s.text, s.kind, s.faithful) for s in chain.steps] == [
+        ("The cat is white.", "perception", True),
+        ("The answer is A.", "reasoning", None),
+    ]
+    assert chain.steps[0].extra["original_text"] == "The cat is black."
+    assert chain.extra == {"correct": True, "dataset": "mmvp", "mode": "correct", "request_id": "r",
+                           "steps_aligned": True}  # fmt: skip
+    record["reasoning"] = "The cat is white. It sits."  # three steps against a summary of two
+    chain = bench_run.chain_of(item, record, mmvp, dataset="mmvp", mode="correct")
+    assert chain.extra["steps_aligned"] is False and all(s.kind is None and s.faithful is None for s in chain.steps)
