@@ -237,6 +237,8 @@ def compare(args: argparse.Namespace) -> int:
     records = [json.loads(line) for path in args.traces for line in Path(path).read_text().splitlines() if line.strip()]
     data = probe_cli.load_traces(args.traces, args.labels, None, args.layers)
     fit_mask, val_mask = probe_cli.split_chains(data.chain, args.val_fraction, args.seed)
+    if args.train_early:  # the paper's setting: train on steps i <= 2 only, test on all positions
+        fit_mask = fit_mask & (data.position <= probe_cli.EARLY)
     x, y = data.x[fit_mask], data.y[fit_mask]
     chains = [c for c, m in zip(data.chain, fit_mask, strict=True) if m]
     threshold = probe_cli.best_threshold(y, probe_cli.out_of_fold(x, y, chains, args.classifier, args.l2, args.seed))
@@ -335,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--l2", type=float, default=1e-2)
     m.add_argument("--val-fraction", type=float, default=0.3)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--train-early", action="store_true", help="fit on steps i <= 2 only (the paper's setting)")
     m.add_argument(
         "--cascade", type=_pair, nargs="+", default=[(0.1, 0.9), (0.2, 0.8), (0.3, 0.7)], help="low,high pairs"
     )
