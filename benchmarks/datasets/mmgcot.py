@@ -17,10 +17,14 @@ Prompt settings (loader option `setting`): `answer_first` (answer, then the box)
 (box, then answer) and `grounding_cot` (steps "Step k: <object> is at [x1, y1, x2, y2]", then the
 answer). The first box of the reply is the prediction under `grounding_first`, the last one otherwise.
 
-Box conventions (loader option `box_format`), converted to pixels before IoU:
-`qwen25` (default; Qwen2.5-VL, absolute pixels x1y1x2y2 — of the image as the model saw it, so pass
-`model_width`/`model_height` when the processor resized it), `qwen2` (Qwen2-VL, x1y1x2y2 on a 0–1000
-grid), `internvl` (x1y1x2y2 on a 0–1000 grid), `norm_xyxy` (0–1), `norm_xywh` (0–1, x y width height).
+Box conventions (loader option `box_format`), converted to pixels of the original image before IoU:
+
+- `qwen25` (default; Qwen2.5-VL): absolute pixels x1y1x2y2 of the image as the model saw it. The Qwen
+  processor resizes every image to multiples of 28 pixels within a pixel budget (`qwen_resized`); set
+  `qwen_min_pixels`/`qwen_max_pixels` when the server runs with other limits than the processor's
+  defaults, or `model_width`/`model_height` to give the size outright;
+- `qwen2` (Qwen2-VL) and `internvl`: x1y1x2y2 on a 0–1000 grid;
+- `norm_xyxy` (0–1), `norm_xywh` (0–1, x y width height).
 
 Metrics: `answer_accuracy` (exact match after lower-casing and dropping periods), `grounding_accuracy`
 (IoU > 0.5), `consistency` = CR / (CR + CM + WR) with CR right & hit, CM right & miss, WR wrong & hit
@@ -30,6 +34,7 @@ Metrics: `answer_accuracy` (exact match after lower-casing and dropping periods)
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -84,6 +89,8 @@ def load(
     box_format: str = "qwen25",
     model_width: str = "",
     model_height: str = "",
+    qwen_min_pixels: str = "",
+    qwen_max_pixels: str = "",
 ) -> list[Item]:
     if setting not in SETTINGS:
         raise ValueError(f"MM-GCoT: setting must be one of {', '.join(SETTINGS)}, not {setting!r}")
@@ -110,11 +117,39 @@ def load(
                     "height": height,
                     "setting": setting,
                     "box_format": box_format,
-                    "model_size": (int(model_width), int(model_height)) if model_width and model_height else None,
+                    "model_size": (int(model_width), int(model_height))
+                    if model_width and model_height
+                    else qwen_resized(
+                        width,
+                        height,
+                        min_pixels=int(qwen_min_pixels or QWEN_MIN_PIXELS),
+                        max_pixels=int(qwen_max_pixels or QWEN_MAX_PIXELS),
+                    ),
                 },
             )
         )
     return items
+
+
+QWEN_PATCH = 28  # 14-pixel patches merged 2 × 2
+QWEN_MIN_PIXELS = 4 * 28 * 28  # the Qwen2-VL / Qwen2.5-VL image processors' defaults
+QWEN_MAX_PIXELS = 16384 * 28 * 28
+
+
+def qwen_resized(
+    width: int, height: int, *, min_pixels: int = QWEN_MIN_PIXELS, max_pixels: int = QWEN_MAX_PIXELS
+) -> tuple[int, int]:
+    """(width, height) the Qwen2-VL / Qwen2.5-VL processor resizes an image to: each side rounded to a
+    multiple of 28, then scaled (keeping the aspect ratio) into [min_pixels, max_pixels]."""
+    f = QWEN_PATCH
+    h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return w, h
 
 
 def to_pixels(box: Sequence[float], box_format: str, width: int, height: int, model_size=None) -> Box:

@@ -42,7 +42,7 @@ def test_settings_and_sizes(tmp_path: Path) -> None:
 
 
 def test_answer_grounding_and_consistency(tmp_path: Path) -> None:
-    items = mmgcot.load(write_mmgcot(tmp_path))
+    items = mmgcot.load(write_mmgcot(tmp_path), model_width="200", model_height="100")  # boxes in image pixels
     predictions = {
         "mmgcot-1": {"text": "Step 1: the ball is at [20, 10, 120, 60].\nAnswer: Red."},  # right, hit
         "mmgcot-2": {"text": "Step 1: the cups are at [0, 0, 10, 10].\nAnswer: two"},  # right, miss
@@ -87,6 +87,33 @@ def test_boxes_in_the_reasoning_and_first_box_for_grounding_first(tmp_path: Path
 )
 def test_box_conventions(box_format: str, box: tuple[float, ...], model_size: tuple[int, int] | None) -> None:
     assert mmgcot.to_pixels(box, box_format, 200, 100, model_size) == pytest.approx(GOLD)
+
+
+@pytest.mark.parametrize(
+    ("size", "limits", "expected"),
+    [
+        ((200, 100), {}, (196, 112)),  # sides rounded to multiples of 28
+        ((2000, 1000), {"max_pixels": 78400}, (392, 196)),  # scaled down into the budget
+        ((20, 10), {}, (84, 56)),  # scaled up to the minimum
+    ],
+)
+def test_qwen_resize(size: tuple[int, int], limits: dict[str, int], expected: tuple[int, int]) -> None:
+    assert mmgcot.qwen_resized(*size, **limits) == expected
+
+
+def test_qwen25_boxes_are_in_pixels_of_the_resized_image(tmp_path: Path) -> None:
+    write_mmgcot(tmp_path, answers=("red",))
+    (item,) = mmgcot.load(tmp_path)
+    assert item.extra["model_size"] == (196, 112)
+    # the gold box as the model sees it: x scaled by 196/200, y by 112/100
+    assert mmgcot.iou(mmgcot.to_pixels((19.6, 11.2, 117.6, 67.2), "qwen25", 200, 100, (196, 112)), GOLD) == (
+        pytest.approx(1.0)
+    )
+    assert mmgcot.score([item], {"mmgcot-1": "Answer: red [19.6, 11.2, 117.6, 67.2]"})["CR"] == 1
+    small = mmgcot.load(tmp_path, qwen_max_pixels=str(28 * 28 * 4), qwen_min_pixels="784")[0]
+    assert small.extra["model_size"] == (56, 28)
+    given = mmgcot.load(tmp_path, model_width="400", model_height="200")[0]
+    assert given.extra["model_size"] == (400, 200)
 
 
 def test_iou_threshold_is_strict(tmp_path: Path) -> None:
