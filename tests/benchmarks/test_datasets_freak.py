@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
-from benchmarks.datasets import freak
+from benchmarks.datasets import Item, freak
 from faithcore.errors import DetectorError
 from tests.benchmarks.canned_judge import CannedJudge
 
@@ -121,3 +123,19 @@ def test_both_modes_and_bad_mode(tmp_path: Path) -> None:
 )
 def test_parse_judgement(reply: str, label: str | None) -> None:
     assert freak.parse_judgement(reply) == label
+
+
+@given(st.lists(st.sampled_from(["A", "B", "C", "D", "?", None]), min_size=6, max_size=6))
+def test_outcome_shares_add_up(picks: list[str | None]) -> None:
+    """Right, commonsense, not listed and the generated distractor cover every pick of a question."""
+    items = [
+        Item(id=f"x-o{k}", question="q", prompt="q", answer="ABC"[order.index(0)], options=("r", "c", "g", "n"),
+             extra={"question_id": "x", "format": "mcq", "commonsense_letter": "ABC"[order.index(1)],
+                    "correct_text": "r", "commonsense_text": "c"})
+        for k, order in enumerate(freak.ORDERS)
+    ]  # fmt: skip
+    predictions = {i.id: p for i, p in zip(items, picks, strict=True) if p is not None}
+    scores = freak.score(items, predictions)
+    generated = sum(p == "ABC"[order.index(2)] for p, order in zip(picks, freak.ORDERS, strict=True)) / 6
+    assert scores["accuracy"] + scores["hallu_rate"] + scores["not_listed_rate"] + generated == pytest.approx(1.0)
+    assert scores["unparsed"] == sum(p in ("?", None) for p in picks)

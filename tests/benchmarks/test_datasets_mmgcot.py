@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
 from benchmarks.datasets import mmgcot
@@ -134,3 +136,15 @@ def test_empty_and_answer_extraction() -> None:
     assert mmgcot.extract_answer("Step 1: x is at [1, 2, 3, 4]\nThe dog [1, 2, 3, 4]") == "The dog"
     assert mmgcot.extract_answer("<think>unfinished") is None
     assert mmgcot.normalize_answer("  Mr. Smith. ") == "mr smith"
+
+
+_coord = st.floats(min_value=0, max_value=1000, allow_nan=False)
+
+
+@given(a=st.tuples(_coord, _coord, _coord, _coord), b=st.tuples(_coord, _coord, _coord, _coord))
+def test_iou_is_symmetric_and_bounded(a: tuple[float, ...], b: tuple[float, ...]) -> None:
+    value = mmgcot.iou(a, b)
+    assert 0.0 <= value <= 1.0 + 1e-9
+    assert value == pytest.approx(mmgcot.iou(b, a))
+    if abs(a[2] - a[0]) > 1e-3 and abs(a[3] - a[1]) > 1e-3:
+        assert mmgcot.iou(a, a) == pytest.approx(1.0)
