@@ -11,6 +11,8 @@ before are never reported.
     GET  /_stats                {"requests", "sentences_judged", "by_protocol", "last_request"}
     POST /_control              {"latency_s"?, "mode"?, "obey_checked"?, "reset_stats"?} -> state
 
+A hint request of the proxy's collaborative hint inference (server/hints.py) gets the fixed HINT_REPLY.
+
 `sentences_judged` counts the sentences each request asked about (context sentences excluded), so a
 test or a benchmark sees batching as requests < sentences_judged.
 
@@ -65,6 +67,13 @@ from detectors.judge_prompt import parse_judge_prompt_details
 from faithcore.types import StepKind
 
 FailMode = Literal["ok", "500", "429", "garbage", "badjson", "hang"]
+# Hint requests (collaborative hint inference) get this fixed reply: the server plays the auxiliary LLM.
+HINT_REPLY = (
+    "[Question type]: attribute\n[Topic hint]: Name each object by its shape and colour before comparing."
+    "\n[Question hint]: Look at the object in the middle of the image first."
+)
+_FIELD_NAMES = re.compile(r"^\[(Question type|Topic hint|Question hint)\]:", re.MULTILINE)
+_HINT_FIELDS = {"Question type", "Topic hint", "Question hint"}
 GARBAGE_REPLY = "I am not sure what you would like me to do with this picture. Could you clarify?"
 _REASONING_START = re.compile(
     r"^(so|thus|therefore|hence|because|since|if|let me|let's|i need|i should|i will|we need|wait|hmm|"
@@ -294,6 +303,9 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
         info = {"model": body.get("model") or "local-judge", "input": _tokens(text)}
         if state.mode == "garbage":
             return GARBAGE_REPLY, info
+        if _HINT_FIELDS.issubset(set(_FIELD_NAMES.findall(text))):  # a hint request (server/hints.py)
+            state.last_request = {"protocol": protocol, "model": body.get("model"), "hint_prompt": text}
+            return HINT_REPLY, info
         try:
             prompt = parse_judge_prompt_details(text)
         except ValueError as exc:

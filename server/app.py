@@ -67,6 +67,8 @@ def create_app(
         if fetcher is None and any(cfg.fetch_images for cfg in settings.judges):
             fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
+        if settings.hint_judge is not None and settings.hint_judge not in judges:
+            raise ValueError(f"FAITHPROXY_HINT_JUDGE={settings.hint_judge!r} is not one of the configured judges")
         hidden = probe = None
         if settings.hidden_states_layers:
             from clients.hidden_states import HiddenStatesClient
@@ -108,6 +110,7 @@ def create_app(
             tracer=TraceWriter(settings.trace_path),
             image_fetcher=fetcher,
             hidden_states=hidden if settings.record_features else None,
+            hint_llm=judges.get(settings.hint_judge) if settings.hint_judge else None,
         )
         app.state.faithproxy = state
         try:

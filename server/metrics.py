@@ -39,6 +39,7 @@ UPSTREAM_ERRORS = (
     "other",
 )
 CASCADE_STAGES = ("probe", "judge")
+HINT_OUTCOMES = ("applied", "unusable", "error")
 DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -146,6 +147,18 @@ class Metrics:
             ["stage"],
             registry=registry,
         )
+        self.hint_requests = Counter(
+            "faithproxy_hint_requests_total",
+            "Requests that asked for hints, by outcome (applied; unusable: no hints in the reply; error).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.hint_latency = Histogram(
+            "faithproxy_hint_seconds",
+            "Time to get the hints of a request from the hint judge (the generator waits for it).",
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
         self._preinit(list(detectors))
 
     def _preinit(self, detectors: list[str]) -> None:
@@ -159,6 +172,8 @@ class Metrics:
                     self.requests.labels(mode, name, status)
         for stage in CASCADE_STAGES:
             self.cascade_decisions.labels(stage)
+        for outcome in HINT_OUTCOMES:
+            self.hint_requests.labels(outcome)
         for outcome in ATTEMPT_OUTCOMES:
             self.regeneration_attempts.labels(outcome)
         for outcome in STEP_OUTCOMES:

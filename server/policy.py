@@ -22,6 +22,7 @@ HEADER_ANNOTATE = "x-faithproxy-annotate"
 HEADER_PROBE_THRESHOLD = "x-faithproxy-probe-threshold"
 HEADER_CASCADE_LOW = "x-faithproxy-cascade-low"
 HEADER_CASCADE_HIGH = "x-faithproxy-cascade-high"
+HEADER_HINTS = "x-faithproxy-hints"
 
 _MODES = ("correct", "detect", "off")
 _ON_ERROR = ("pass", "fail")
@@ -40,6 +41,7 @@ class RequestPolicy:
     probe_threshold: float | None = None  # None: the probe file's threshold
     cascade_low: float | None = None  # None: the server's settings
     cascade_high: float | None = None
+    hints: bool = False  # collaborative hint inference before generation (server/hints.py)
 
     def detector_options(self) -> dict[str, float]:
         """The per-request detector settings that were given (ChainContext.options)."""
@@ -79,9 +81,15 @@ def _probability(headers: Mapping[str, str], header: str) -> float | None:
 
 
 def policy_from_headers(
-    headers: Mapping[str, str], settings: Settings, *, detectors: Collection[str], judges: Collection[str]
+    headers: Mapping[str, str],
+    settings: Settings,
+    *,
+    detectors: Collection[str],
+    judges: Collection[str],
+    hints_available: bool = False,
 ) -> RequestPolicy:
-    """`detectors` and `judges` are the names this server can actually serve."""
+    """`detectors` and `judges` are the names this server can actually serve; `hints_available`: a hint
+    judge is configured."""
     mode = settings.default_mode
     if (raw := headers.get(HEADER_MODE)) is not None:
         mode = _choice(HEADER_MODE, raw, _MODES)  # type: ignore[assignment]
@@ -134,6 +142,24 @@ def policy_from_headers(
             code="invalid_header",
         )
 
+    hints = settings.hints_default and hints_available and mode != "off"
+    if (raw := headers.get(HEADER_HINTS)) is not None:
+        hints = _choice(HEADER_HINTS, raw, _TRUE + _FALSE) in _TRUE
+        if hints and not hints_available:
+            raise PolicyError(
+                f"Header {HEADER_HINTS} asks for hints, but this server has no hint judge configured "
+                "(set FAITHPROXY_HINT_JUDGE to the name of one of FAITHPROXY_JUDGES).",
+                param=HEADER_HINTS,
+                code="invalid_header",
+            )
+        if hints and mode == "off":
+            raise PolicyError(
+                f"Header {HEADER_HINTS} cannot be used with X-Faithproxy-Mode: off (off passes the request "
+                "through unchanged).",
+                param=HEADER_HINTS,
+                code="invalid_header",
+            )
+
     if mode != "off" and detector == "judge" and judge is None:
         raise PolicyError(
             "The judge detector was requested but this server has no judges configured "
@@ -151,4 +177,5 @@ def policy_from_headers(
         probe_threshold=probe_threshold,
         cascade_low=low,
         cascade_high=high,
+        hints=hints,
     )

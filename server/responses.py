@@ -7,6 +7,7 @@ Whatever happens (error, client gone), the trace record is written and the reque
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -17,9 +18,10 @@ import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from detectors.base import ChainContext
-from faithcore.errors import FaithproxyError, PolicyError, UpstreamError, UpstreamStatusError
+from faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError, UpstreamStatusError
 from faithcore.images import images_in_messages, last_user_text
 from server.errors import error_body, error_frame, error_response
+from server.hints import apply_hints, collect_hints
 from server.metrics import UPSTREAM_ERRORS
 from server.policy import RequestPolicy
 from server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
@@ -47,6 +49,7 @@ class ChatServing:
         self.disconnected = False
         self.session: ChainSession | None = None
         self.answer: dict[str, str] = {}
+        self.hints: dict[str, Any] | None = None  # what the hint stage did, for the trace
 
     @property
     def headers(self) -> dict[str, str]:
@@ -59,6 +62,11 @@ class ChatServing:
             raise PolicyError("n > 1 is only supported with X-Faithproxy-Mode: off", param="n")
         messages = self.body["messages"]
         images = images_in_messages(messages)  # PolicyError on a malformed image: nothing sent yet
+        question = last_user_text(messages)  # the client's question: what judges are told was asked
+        body = self.body
+        if self.policy.hints:
+            messages = await self._with_hints(messages, question)
+            body = {**self.body, "messages": messages}
         if self.policy.detector == "judge" and self.state.judge_fetches_images(self.policy.judge):
             assert self.state.image_fetcher is not None
             images = await self.state.image_fetcher.fetch_all(images)  # ImageRefused: nothing sent yet
@@ -66,7 +74,7 @@ class ChatServing:
             request_id=self.request_id,
             model=self.body["model"],
             messages=messages,
-            question=last_user_text(messages),
+            question=question,
             images=images,
             generator=self.state.generator,
             judge=self.policy.judge,
@@ -82,7 +90,7 @@ class ChatServing:
             detector=self.state.detectors[self.policy.detector],
             regenerator=self.state.regenerator,
             metrics=self.state.metrics,
-            body=self.body,
+            body=body,
             model_label=self.state.model_label(self.body["model"]),
             hidden_states=self.state.hidden_states,
         )
@@ -103,6 +111,27 @@ class ChatServing:
         if self.stream:
             return StreamingResponse(self._sse(first, events), media_type="text/event-stream", headers=self.headers)
         return await self._collect(first, events)
+
+    async def _with_hints(self, messages: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
+        """The messages with hints, or unchanged when the hint judge fails or gives none (counted)."""
+        metrics = self.state.metrics
+        started = time.perf_counter()
+        try:
+            hints, _, _ = await collect_hints(self.state.hint_llm, question)
+        except DetectorError as exc:
+            log.warning("hints for %s failed: %s", self.request_id, exc)
+            metrics.hint_requests.labels("error").inc()
+            self.hints = {"outcome": "error", "reason": exc.code}
+            return messages
+        finally:
+            metrics.hint_latency.observe(time.perf_counter() - started)
+        if hints is None:
+            metrics.hint_requests.labels("unusable").inc()
+            self.hints = {"outcome": "unusable"}
+            return messages
+        metrics.hint_requests.labels("applied").inc()
+        self.hints = {"outcome": "applied", **dataclasses.asdict(hints)}
+        return apply_hints(messages, hints)
 
     # ---- streams ------------------------------------------------------------------------------
 
@@ -311,6 +340,7 @@ class ChatServing:
                 "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
                 "verification_s": round(s.stats.verification_s, 6) if s else 0.0,
             },
+            "hints": self.hints,
             "disconnected": self.disconnected,
             "error": error_body(self.error)["error"] if self.error else None,
         }

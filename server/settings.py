@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     annotate: bool = True
 
     judges: list[JudgeConfig] = Field(default_factory=list)
+    # Collaborative hint inference (server/hints.py): the judge that writes the hints (any configured
+    # judge, asked with the question text only), and whether requests get hints without the header.
+    hint_judge: str | None = None
+    hints_default: bool = False
     regenerator: str = "reflect"
     # Attempt 1 is greedy; later attempts sample at this temperature with a per-attempt seed, since a
     # greedy retry of the same prompt would return the same sentence.

@@ -30,11 +30,11 @@ class AppState:
     image_fetcher: ImageFetcher | None = None
     # Set when settings.record_features: reads the features of steps checked by any detector, for traces.
     hidden_states: Any = None  # clients.hidden_states.HiddenStatesClient
+    # The judge backend that writes hints (settings.hint_judge), shared with the judge detector.
+    hint_llm: Any = None  # clients.judge_base.JudgeBackend
 
     def judge_fetches_images(self, judge: str | None) -> bool:
-        return self.image_fetcher is not None and any(
-            c.name == judge and c.fetch_images for c in self.settings.judges
-        )
+        return self.image_fetcher is not None and any(c.name == judge and c.fetch_images for c in self.settings.judges)
 
     def model_label(self, model: str) -> str:
         """Metric label for a model: only names the upstream lists, so labels stay a small set."""

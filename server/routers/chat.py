@@ -39,16 +39,20 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-@router.post(
-    "/v1/chat/completions", response_model=None, openapi_extra=CHAT_OPENAPI_EXTRA, responses=CHAT_RESPONSES
-)
+@router.post("/v1/chat/completions", response_model=None, openapi_extra=CHAT_OPENAPI_EXTRA, responses=CHAT_RESPONSES)
 async def chat_completions(request: Request, state: StateDep) -> Response:
     try:
         raw = await request.body()  # PayloadTooLarge from the size limit while reading
         body = _parse_body(raw)
         if check_body(body, state.settings):
             raw = json.dumps(body).encode()  # the max_tokens cap was added: off mode forwards these bytes
-        policy = policy_from_headers(request.headers, state.settings, detectors=state.detectors, judges=state.judges)
+        policy = policy_from_headers(
+            request.headers,
+            state.settings,
+            detectors=state.detectors,
+            judges=state.judges,
+            hints_available=state.hint_llm is not None,
+        )
         serving = ChatServing(state, policy, body, raw)
         return await serving.respond()
     except FaithproxyError as exc:

@@ -87,3 +87,25 @@ def test_bad_thresholds_are_400s_naming_the_header(headers: dict[str, str], name
     with pytest.raises(PolicyError) as info:
         policy(headers)
     assert info.value.status_code == 400 and info.value.param == named
+
+
+def test_hints_header_and_default() -> None:
+    def hints(headers: dict[str, str], available: bool = True, **settings: object) -> bool:
+        return policy_from_headers(
+            headers, Settings(**settings), detectors=DETECTORS, judges=JUDGES, hints_available=available
+        ).hints
+
+    assert hints({}) is False
+    assert hints({"x-faithproxy-hints": "on"}) is True
+    assert hints({}, hints_default=True) is True
+    assert hints({"x-faithproxy-hints": "off"}, hints_default=True) is False
+    assert hints({}, available=False, hints_default=True) is False  # no hint judge: the default cannot apply
+    assert hints({"x-faithproxy-mode": "off"}, hints_default=True) is False  # off passes requests through
+    for headers, available in (
+        ({"x-faithproxy-hints": "on"}, False),
+        ({"x-faithproxy-hints": "on", "x-faithproxy-mode": "off"}, True),
+        ({"x-faithproxy-hints": "maybe"}, True),
+    ):
+        with pytest.raises(PolicyError) as info:
+            hints(headers, available)
+        assert info.value.param == "x-faithproxy-hints"
