@@ -16,7 +16,7 @@ record, so UPR can be recomputed from the predictions alone.
 
 After the requests, datasets that need a judge (FREAK free-form, MIRAGE chains) call it when
 `--judge-url` is given (`OUT/judgements.jsonl`, resumable the same way); then the dataset's scorer runs
-and `OUT/scores.json` holds its metrics, the run's UPR totals and the run's settings.
+and `OUT/scores.json` holds its metrics, the run's UPR totals, tokens and latency.
 
 `OUT/chains.jsonl` holds the answered items as labelled chains (`benchmarks/labelled.py`), so that
 `bench report --pair NAME VANILLA/chains.jsonl CORRECTED/chains.jsonl` and `bench judge-upr` take a run
@@ -35,6 +35,7 @@ import inspect
 import json
 import mimetypes
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -209,6 +210,26 @@ def faithfulness_totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "upr_residual": residual / perception if perception else None,
         "regenerations": sum(s.get("regenerations", 0) for s in summaries),
         "fixed": sum(s.get("fixed", 0) for s in summaries),
+    }
+
+
+def cost_totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens and latency of the answered requests (what correction costs, next to a vanilla run)."""
+    answered = [r for r in records if not r.get("error")]
+    latencies = sorted(r["latency_s"] for r in answered if isinstance(r.get("latency_s"), int | float))
+
+    def tokens(key: str) -> int:
+        return sum(int((r.get("usage") or {}).get(key) or 0) for r in answered)
+
+    def quantile(q: float) -> float | None:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
+
+    return {
+        "prompt_tokens": tokens("prompt_tokens"),
+        "completion_tokens": tokens("completion_tokens"),
+        "latency_s_mean": statistics.fmean(latencies) if latencies else None,
+        "latency_s_p50": quantile(0.5),
+        "latency_s_p95": quantile(0.95),
     }
 
 
@@ -396,6 +417,7 @@ async def run(args: argparse.Namespace) -> int:
         "errors": errors,
         "metrics": module.score(items, predictions),
         "faithfulness": faithfulness_totals(list(predictions.values())),
+        "cost": cost_totals(list(predictions.values())),
     }
     _write_outputs(out, scores, module, items, predictions, args)
     print(json.dumps(scores, indent=2))

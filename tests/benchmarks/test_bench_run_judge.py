@@ -170,6 +170,15 @@ def test_upr_totals_pool_the_summaries() -> None:
         "requests_with_summary": 2, "steps": 6, "perception_steps": 4, "unfaithful_detected": 2, "residual": 1,
         "upr_detected": 0.5, "upr_residual": 0.25, "regenerations": 4, "fixed": 1,
     }  # fmt: skip
+    costs = bench_run.cost_totals([
+        {"usage": {"prompt_tokens": 10, "completion_tokens": 4}, "latency_s": 1.0},
+        {"usage": {"prompt_tokens": 12, "completion_tokens": 6}, "latency_s": 3.0},
+        {"usage": None, "latency_s": 2.0},
+        {"error": "timeout", "usage": {"prompt_tokens": 99}, "latency_s": 60.0},  # failed: not counted
+    ])  # fmt: skip
+    assert costs == {"prompt_tokens": 22, "completion_tokens": 10, "latency_s_mean": 2.0, "latency_s_p50": 2.0,
+                     "latency_s_p95": 3.0}  # fmt: skip
+    assert bench_run.cost_totals([])["latency_s_p50"] is None
     no_perception = bench_run.faithfulness_totals([{"faithfulness": {"steps": [], "perception_steps": 0}}])
     assert no_perception["upr_detected"] is None and no_perception["upr_residual"] is None
     assert bench_run.faithfulness_totals([])["requests_with_summary"] == 0
