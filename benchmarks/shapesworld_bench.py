@@ -308,8 +308,7 @@ def benchmark(
     return result | {"labelled": labelled}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="faithproxy bench shapesworld", description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=WEIGHTS_DIR, help="ShapesWorld model folder")
     parser.add_argument("--n", type=int, default=100, help="held-out chains (a multiple of 5)")
     parser.add_argument("--detectors", default="judge,prompt", help="comma-separated detector names")
@@ -318,13 +317,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-shapesworld"), help="logs and traces")
     parser.add_argument("--out", type=Path, help="result JSON (a Markdown report goes next to it)")
     parser.add_argument("--labelled-dir", type=Path, help="write labelled chains (JSONL) per configuration here")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`faithproxy bench shapesworld` (benchmarks/cli.py) and `python -m benchmarks.shapesworld_bench`."""
     if args.n < 1:
-        parser.error("--n must be at least 1")
+        raise SystemExit("--n must be at least 1")
     detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
     result = benchmark(args.model, args.n, detectors, args.concurrency, args.workdir, args.max_retries)
     labelled = result.pop("labelled")
-    result["command"] = "faithproxy bench shapesworld " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["command"] = "faithproxy bench shapesworld " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in _OPTIONS and v is not None
+    )
     if args.labelled_dir is not None:
         for name, records in labelled.items():
             write_labelled(args.labelled_dir / f"shapesworld-{name}.jsonl", records)
@@ -336,5 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+_OPTIONS = ("model", "n", "detectors", "concurrency", "max_retries", "out", "labelled_dir")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli = argparse.ArgumentParser(prog="python -m benchmarks.shapesworld_bench", description=__doc__.split("\n\n")[0])
+    add_arguments(cli)
+    sys.exit(main(cli.parse_args()))
