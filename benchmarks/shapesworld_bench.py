@@ -236,6 +236,43 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Three panels: UPR by ground truth, accuracy, and regeneration outcomes per detector."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    detectors = result["detectors"]
+    names = ["vanilla", *detectors]
+    fig, (upr, acc, regen) = plt.subplots(1, 3, figsize=(13, 3.8))
+    residual = [result["vanilla"]["upr"], *(d["corrected"]["upr"] for d in detectors.values())]
+    drafts = [result["vanilla"]["upr"], *(d["upr_first_draft"] for d in detectors.values())]
+    xs = range(len(names))
+    upr.bar([x - 0.2 for x in xs], drafts, 0.4, label="first draft")
+    upr.bar([x + 0.2 for x in xs], residual, 0.4, label="returned (residual)")
+    upr.set_xticks(list(xs), names)
+    upr.set_title("UPR by ground truth")
+    upr.set_ylim(0, 1.2)
+    upr.legend(fontsize=8, loc="upper right")
+    acc.bar(names, [result["vanilla"]["accuracy"], *(d["corrected"]["accuracy"] for d in detectors.values())])
+    acc.set_ylim(0, 1)
+    acc.set_title("answer accuracy")
+    keys = sorted({k for d in detectors.values() for k in d["regeneration_outcomes"]})
+    width = 0.8 / max(len(detectors), 1)
+    for i, (name, d) in enumerate(detectors.items()):
+        regen.bar([k + i * width for k in range(len(keys))], [d["regeneration_outcomes"].get(k, 0) for k in keys],
+                  width, label=name)  # fmt: skip
+    regen.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))], [k.replace("_", " ") for k in keys],
+                     rotation=20, fontsize=8)  # fmt: skip
+    regen.set_title("flagged steps: outcome")
+    regen.legend()
+    fig.suptitle(f"ShapesWorld, {result['n_chains']} held-out chains")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ------------------------------------------------------------------------------------------------ run
 
 
@@ -336,6 +373,7 @@ def main(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         args.out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+        plot(result, args.out.with_suffix(".png"))
     print(markdown(result))
     return 0
 
