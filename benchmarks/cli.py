@@ -199,6 +199,7 @@ def _add_judges(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_batch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=int, help="only the first N chains")
     parser.add_argument("--images", help="directory with the chains' images (found by path or by sha256)")
     parser.add_argument("--concurrency", type=int, default=4, help="chains checked at the same time (default 4)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -226,7 +227,7 @@ class Replay:
         from benchmarks.replay import make_detector, replay
         from clients.judges import build_judges
 
-        chains = _read(args.traces, args.view)
+        chains = _read(args.traces, args.view)[: args.limit]
         configs = _judge_configs(args.judges) if args.detector == "judge" else []
         judges = build_judges(configs)
         default = args.judge or (configs[0].name if configs else None)
@@ -263,7 +264,8 @@ class Replay:
             f"{report.judge_input_tokens or 0}/{report.judge_output_tokens or 0}, generator tokens "
             f"{report.generator_tokens}",
             f"latency per call mean {_fmt(report.latency_mean_s, 3)} s, p50 {_fmt(report.latency_p50_s, 3)} s, "
-            f"p95 {_fmt(report.latency_p95_s, 3)} s; wall {report.wall_s:.2f} s"
+            f"p95 {_fmt(report.latency_p95_s, 3)} s, per step {_fmt(report.detector_s_per_step, 3)} s; "
+            f"wall {report.wall_s:.2f} s"
             + (f"; images not found {report.images_missing}" if report.images_missing else ""),
         ])  # fmt: skip
         return 0
@@ -285,7 +287,7 @@ class JudgeUpr:
         from benchmarks.metrics import icc_between, step_f1
         from clients.judges import build_judges
 
-        chains = _read(args.file, args.view)
+        chains = _read(args.file, args.view)[: args.limit]
         configs = _judge_configs(args.judges)
         if not configs:
             raise CommandError("no judge configured (--judges or FAITHPROXY_JUDGES)")
@@ -399,7 +401,7 @@ class OptionCurve:
         from benchmarks.report import freak_curve
         from clients.vllm import VLLMClient
 
-        chains = _read(args.file, args.view)
+        chains = _read(args.file, args.view)[: args.limit]
         settings = CurveSettings(model=args.model, options=args.options.upper(), think_open=args.think_open,
                                  answer_prefix=args.answer_prefix if args.answer_prefix is not None
                                  else DEFAULT_ANSWER_PREFIX)  # fmt: skip

@@ -148,6 +148,7 @@ class ReplayReport:
     latency_mean_s: float | None  # one detector call
     latency_p50_s: float | None
     latency_p95_s: float | None
+    detector_s_per_step: float | None  # time spent in detector calls / steps replayed
     wall_s: float
     errors: int
     images_missing: int
@@ -350,6 +351,7 @@ async def replay(
         latency_mean_s=statistics.fmean(latencies) if latencies else None,
         latency_p50_s=_percentile(latencies, 0.5),
         latency_p95_s=_percentile(latencies, 0.95),
+        detector_s_per_step=sum(latencies) / steps if (steps := sum(len(c.steps) for c in chains)) else None,
         wall_s=wall,
         errors=sum(len(r.errors) for r in results),
         images_missing=sum(1 for r in results if r.image_missing),

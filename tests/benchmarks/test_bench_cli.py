@@ -141,6 +141,9 @@ def test_replay_against_the_local_judge(capsys: pytest.CaptureFixture[str], trac
         code, report, _ = run(capsys, "report", "--out", str(tmp_path / "r"), "--replay", str(saved), "--json")
         assert code == 0 and report["table_3"][0]["detector_calls"] == 3
         assert "| judge (local) | 66.7 | 100.0 | 50.0 |" in (tmp_path / "r" / "report.md").read_text()
+        code, data, _ = run(capsys, "replay", "--traces", str(traces), "--detector", "judge", "--judges", judges,
+                            "--limit", "1", "--batch", "1", "--no-progress", "--json")  # fmt: skip
+        assert code == 0 and data["chains"] == 1 and data["steps"] == 3 and data["detector_calls"] == 3
         code, _, text = run(capsys, "replay", "--traces", str(traces), "--detector", "jduge", "--judges", judges)
         assert code == 2 and "did you mean 'judge'" in text
         code, _, text = run(capsys, "replay", "--traces", str(traces), "--detector", "judge", "--judges", "[{}]")

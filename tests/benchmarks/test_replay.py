@@ -76,6 +76,7 @@ async def test_judge_replay_scores_against_gold(judge: tuple[str, Any], judge_na
     assert report.judge_input_tokens > 0 and report.judge_output_tokens > 0
     assert report.errors == 0 and report.chains == 3 and report.steps == 9
     assert report.latency_p50_s is not None and report.latency_p95_s >= report.latency_p50_s
+    assert report.detector_s_per_step == pytest.approx(report.latency_mean_s * 5 / 9)  # 5 calls over 9 steps
     # TP c1/1, c3/1; FP c3/0; FN c2/1; TN c1/0, c1/2, c2/0
     f1 = report.f1
     assert f1["unfaithful"]["tp"] == 2 and f1["unfaithful"]["fp"] == 1 and f1["unfaithful"]["fn"] == 1
