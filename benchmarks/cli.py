@@ -156,6 +156,8 @@ class Icc:
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--a", required=True, help="labelled chains of rater A")
         parser.add_argument("--b", required=True, help="labelled chains of rater B (same chain ids)")
+        parser.add_argument("--rater", action="append", default=[], metavar="FILE",
+                            help="a further rater (repeatable): ICC(3,1) over all of them")  # fmt: skip
         _add_view(parser)
         parser.add_argument("--json", action="store_true")
 
@@ -163,13 +165,15 @@ class Icc:
     def main(args: argparse.Namespace) -> int:
         from benchmarks.metrics import icc_between
 
-        result = icc_between(_read(args.a, args.view), _read(args.b, args.view))
+        files = [args.a, args.b, *args.rater]
+        result = icc_between(*(_read(path, args.view) for path in files))
+        names = "/".join("AB"[i] if i < 2 else str(i + 1) for i in range(len(files)))
         _print(args, result.to_dict(), [
             f"ICC(3,1) perception steps per chain: {_fmt(result.icc_perception)} "
-            f"(A {result.perception_steps_a}, B {result.perception_steps_b})",
+            f"({names}: {'/'.join(map(str, result.perception_steps_by_rater))} steps)",
             f"ICC(3,1) unfaithful steps per chain: {_fmt(result.icc_unfaithful)} "
-            f"(A {result.unfaithful_steps_a}, B {result.unfaithful_steps_b})",
-            f"chains {result.chains}",
+            f"({names}: {'/'.join(map(str, result.unfaithful_steps_by_rater))} steps)",
+            f"chains {result.chains}, raters {result.raters}",
         ])  # fmt: skip
         return 0
 

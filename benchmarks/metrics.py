@@ -276,33 +276,37 @@ class ICCResult:
     icc_perception: float | None
     icc_unfaithful: float | None
     chains: int
-    perception_steps_a: int
-    perception_steps_b: int
-    unfaithful_steps_a: int
-    unfaithful_steps_b: int
+    raters: int
+    perception_steps_by_rater: list[int]  # totals, in the order the raters were given
+    unfaithful_steps_by_rater: list[int]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """With `perception_steps_a`/`_b` and `unfaithful_steps_a`/`_b` for the first two raters."""
+        out = asdict(self)
+        for letter, i in (("a", 0), ("b", 1)):
+            out[f"perception_steps_{letter}"] = self.perception_steps_by_rater[i]
+            out[f"unfaithful_steps_{letter}"] = self.unfaithful_steps_by_rater[i]
+        return out
 
 
-def icc_between(a: Sequence[LabelledChain], b: Sequence[LabelledChain]) -> ICCResult:
-    """ICC(3,1) between two raters on per-chain counts of perception and of unfaithful steps."""
-    a_by_id = {c.id: c for c in a}
-    b_by_id = {c.id: c for c in b}
-    if set(a_by_id) != set(b_by_id):
-        only_a = sorted(set(a_by_id) - set(b_by_id))
-        only_b = sorted(set(b_by_id) - set(a_by_id))
-        raise MetricError(f"chain ids do not match: only in A {only_a[:3]} ({len(only_a)}), "
-                          f"only in B {only_b[:3]} ({len(only_b)})")  # fmt: skip
-    ids = list(a_by_id)
-    perception = [[a_by_id[i].perception_steps, b_by_id[i].perception_steps] for i in ids]
-    unfaithful = [[a_by_id[i].unfaithful_steps, b_by_id[i].unfaithful_steps] for i in ids]
+def icc_between(a: Sequence[LabelledChain], b: Sequence[LabelledChain], *more: Sequence[LabelledChain]) -> ICCResult:
+    """ICC(3,1) between two (or more) raters on per-chain counts of perception and of unfaithful steps."""
+    raters = [{c.id: c for c in rater} for rater in (a, b, *more)]
+    ids = list(raters[0])
+    for k, rater in enumerate(raters[1:], start=1):
+        if set(rater) != set(raters[0]):
+            only_first = sorted(set(raters[0]) - set(rater))
+            only_this = sorted(set(rater) - set(raters[0]))
+            name = "B" if k == 1 else f"rater {k + 1}"
+            raise MetricError(f"chain ids do not match: only in A {only_first[:3]} ({len(only_first)}), "
+                              f"only in {name} {only_this[:3]} ({len(only_this)})")  # fmt: skip
+    perception = [[r[i].perception_steps for r in raters] for i in ids]
+    unfaithful = [[r[i].unfaithful_steps for r in raters] for i in ids]
     return ICCResult(
         icc_perception=icc_3_1(perception),
         icc_unfaithful=icc_3_1(unfaithful),
         chains=len(ids),
-        perception_steps_a=sum(r[0] for r in perception),
-        perception_steps_b=sum(r[1] for r in perception),
-        unfaithful_steps_a=sum(r[0] for r in unfaithful),
-        unfaithful_steps_b=sum(r[1] for r in unfaithful),
+        raters=len(raters),
+        perception_steps_by_rater=[sum(row[k] for row in perception) for k in range(len(raters))],
+        unfaithful_steps_by_rater=[sum(row[k] for row in unfaithful) for k in range(len(raters))],
     )

@@ -112,6 +112,11 @@ def test_f1_and_icc(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert code == 0 and data["icc_perception"] == pytest.approx(1.0) and data["chains"] == 2
     assert data["icc_unfaithful"] == pytest.approx(0.0)
     assert (data["unfaithful_steps_a"], data["unfaithful_steps_b"]) == (2, 2)
+    code, data, _ = run(capsys, "icc", "--a", gold, "--b", pred, "--rater", gold, "--json")
+    assert code == 0 and data["raters"] == 3 and data["unfaithful_steps_by_rater"] == [2, 2, 2]
+    assert data["icc_perception"] == pytest.approx(1.0)
+    code, _, text = run(capsys, "icc", "--a", gold, "--b", pred)
+    assert code == 0 and "(A/B: 2/2 steps)" in text and "raters 2" in text
     fewer = _write(tmp_path / "fewer.jsonl", [_chain("a", [True, True, True])])
     code, _, text = run(capsys, "f1", "--gold", gold, "--pred", fewer, "--json")
     assert code == 2 and "bench f1: error: chain ids do not match: 1 gold chain(s) have no prediction" in text

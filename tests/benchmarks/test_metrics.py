@@ -160,7 +160,15 @@ def test_icc_between_raters_on_per_chain_counts() -> None:
     assert result.icc_perception == pytest.approx(0.5)
     # unfaithful counts: x 0/0, y 1/1, z 1/1 -> perfect agreement
     assert result.icc_unfaithful == pytest.approx(1.0)
-    assert (result.chains, result.perception_steps_a, result.perception_steps_b) == (3, 6, 6)
-    assert (result.unfaithful_steps_a, result.unfaithful_steps_b) == (2, 2)
+    as_json = result.to_dict()
+    assert (result.chains, as_json["perception_steps_a"], as_json["perception_steps_b"]) == (3, 6, 6)
+    assert (as_json["unfaithful_steps_a"], as_json["unfaithful_steps_b"]) == (2, 2)
     with pytest.raises(MetricError, match=r"only in A \['y'\] \(1\), only in B \[\] \(0\)"):
         icc_between(a, b[:2])
+    # a third rater identical to A: perception table [[1,1,1],[2,3,2],[3,2,3]]
+    three = icc_between(a, b, a)
+    assert three.raters == 3 and three.perception_steps_by_rater == [6, 6, 6]
+    assert three.icc_perception == pytest.approx(icc_3_1([[1, 1, 1], [2, 3, 2], [3, 2, 3]]))
+    assert three.icc_perception == pytest.approx(2 / 3)  # MS_rows 7/3, MS_error 1/3 -> (7/3 - 1/3) / (7/3 + 2/3)
+    with pytest.raises(MetricError, match="only in rater 3"):
+        icc_between(a, b, a[:1])
