@@ -205,13 +205,14 @@ class JudgeUPRReport:
 async def label_chain(
     chain: LabelledChain, backend: JudgeBackend, images: ImageResolver | None = None
 ) -> tuple[LabelledChain, dict[str, Any]]:
-    """The chain labelled by the judge (same texts, the judge's kinds and verdicts) and the call's record."""
+    """The chain labelled by the judge (same texts, the judge's kinds and verdicts; the record's other
+    fields kept) and the call's record."""
     sentences = [s.text for s in chain.steps]
     info: dict[str, Any] = {"judge": backend.name, "model": backend.model}
     labelled = LabelledChain(chain.id, chain.question, image=chain.image, answer=chain.answer,
                              gold_answer=chain.gold_answer)  # fmt: skip
     labelled.steps = [LabelledStep(s.text) for s in chain.steps]
-    labelled.extra = {"judge_upr": info}
+    labelled.extra = {**chain.extra, "judge_upr": info}  # the record's own fields (e.g. "correct") stay
     if not sentences:
         return labelled, info
     image = (images or ImageResolver()).resolve(chain.image)

@@ -67,7 +67,8 @@ def evaluation_judge_app() -> FastAPI:
 CHAINS = [
     LabelledChain("a", "What colour is the car?", [LabelledStep(t) for t in
                   ["The image shows a car.", "The car is blue.", "So the answer is B."]]),
-    LabelledChain("b", "How many dogs?", [LabelledStep(t) for t in ["There are three dogs.", "So the answer is A."]]),
+    LabelledChain("b", "How many dogs?", [LabelledStep(t) for t in ["There are three dogs.", "So the answer is A."]],
+                  extra={"correct": False}),
     LabelledChain("c", "Empty?", []),
 ]  # fmt: skip
 
@@ -132,6 +133,7 @@ async def test_whole_chains_labelled_through_a_real_sdk(judge_url: tuple[str, Fa
     assert (report.upr["perception_steps"], report.upr["unfaithful_steps"], report.upr["chains"]) == (3, 2, 3)
     assert report.errors == 0 and report.input_tokens == (200 if backend == "openai" else 180)
     assert labelled[0].extra["judge_upr"]["description"] == "a red car next to two dogs."
+    assert labelled[1].extra["correct"] is False  # a run's grading survives the relabelling
 
 
 async def test_a_failing_judge_is_counted_not_fatal() -> None:
