@@ -199,3 +199,27 @@ def test_unknown_planned_and_unbuildable_detectors_are_refused(monkeypatch: pyte
     with pytest.raises(ReplayError, match="'probe' needs a probe file and a hidden-states client"):
         make_detector("probe")
     assert make_detector("none").name == "none"
+
+
+async def test_judge_replay_with_the_shapesworld_pixel_judge(tmp_path: Path) -> None:
+    """Images travel from the labelled file to a judge that reads nothing but the pixels."""
+    from benchmarks.judge_server import PixelJudge
+    from shapesworld.dataset import generate_items
+    from shapesworld.export import write_chains_jsonl
+
+    items = list(generate_items(999, 6, hallucination_rate=0.5, start=3000))
+    path = tmp_path / "sw.jsonl"
+    write_chains_jsonl(path, ((i.id, i.scene, i.question, i.chain) for i in items), tmp_path / "img")
+    gold = read_chains(path)
+    app = create_app(PixelJudge())
+    async with running_judge_server(app) as url:
+        detector = make_detector("judge", judges=_judges(url), default_judge="claude")
+        try:
+            _, report = await replay(gold, detector, progress=False)
+        finally:
+            await detector.aclose()
+        last = app.state.judge.last_request
+    assert report.errors == 0 and report.images_missing == 0 and last["images"]
+    assert report.f1["unfaithful"]["support"] == sum(c.unfaithful_steps for c in gold) > 0
+    # the pixel judge reads these scenes exactly (on 40 held-out chains too: README, Offline benchmarking)
+    assert report.f1["f1"] == 1.0 and report.f1["faithful"]["f1"] == 1.0
