@@ -2,15 +2,15 @@
 
 A raw ASGI app (no framework) under uvicorn, so the upstream costs as little as possible and a proxy's
 overhead stands out. It serves `POST /v1/chat/completions` (streamed and not), `GET /v1/models` and
-`GET /health` (and `POST /bench/release`, below), on 127.0.0.1 only.
+`GET /health` (and `POST /bench/arm|release`, below), on 127.0.0.1 only.
 
 Every proxy forwards the messages untouched, so the request controls the answer through its last
 message's text: `chunks=N` (content chunks, default from the command line), `delay_ms=D` (a sleep
-after each content chunk, default 0) and `hold` (after the first content chunk, wait until someone
-calls `POST /bench/release`, at most `HOLD_LIMIT_S`: streams stay open as long as a measurement
-needs). A stream is shaped like vLLM's: a role chunk, N content chunks, a finish chunk, a usage chunk
-if `stream_options.include_usage`, then `data: [DONE]`. The content is `expected_text(N)`, which the
-benchmark checks on every response.
+after each content chunk, default 0) and `hold` (after the first content chunk, wait while holding is
+armed: from `POST /bench/arm` until `POST /bench/release`, at most `HOLD_LIMIT_S`; streams stay open
+as long as a measurement needs). A stream is shaped like vLLM's: a role chunk, N content chunks, a
+finish chunk, a usage chunk if `stream_options.include_usage`, then `data: [DONE]`. The content is
+`expected_text(N)`, which the benchmark checks on every response.
 
     python -m benchmarks.fast_upstream --port 8100 [--chunks 8]
 """
@@ -109,6 +109,7 @@ class FastUpstream:
         models = {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "bench"}]}
         self._models = json.dumps(models).encode()
         self._release = asyncio.Event()
+        self._release.set()  # not armed
         self.holding = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -122,11 +123,15 @@ class FastUpstream:
             await _send_json(send, 200, self._models)
         elif method == "GET" and path == "/health":
             await _send_json(send, 200, b"{}")
+        elif method == "POST" and path == "/bench/arm":
+            if self._release.is_set():
+                self._release = asyncio.Event()
+            await _send_json(send, 200, b"{}")
         elif method == "POST" and path == "/bench/release":
-            # Streams held so far go on; streams asking to be held from now on wait for the next call.
-            released, self._release = self._release, asyncio.Event()
-            released.set()
-            await _send_json(send, 200, json.dumps({"released": self.holding}).encode())
+            # Held streams go on, and streams that ask to be held from now on are not, until re-armed.
+            held = self.holding
+            self._release.set()
+            await _send_json(send, 200, json.dumps({"released": held}).encode())
         elif method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             await self._chat(receive, send)
         else:

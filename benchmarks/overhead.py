@@ -1,7 +1,7 @@
 """Proxy overhead and load: the upstream reached directly vs faithproxy (off mode, no detector) vs
 LiteLLM's proxy, all in front of the same fast local upstream, measured in one run.
 
-    python -m benchmarks.overhead [--requests 500 --concurrency 32 --streams 1000 --json out.json]
+    python -m benchmarks.overhead [--requests 300 --concurrency 32 --streams 1000 --json out.json]
 
 Phases, each interleaved over the targets (round-robin, the order rotating every round, so drift on
 a shared machine hits every target alike):
@@ -12,8 +12,10 @@ a shared machine hits every target alike):
    `--concurrency`; requests per second and the proxy's CPU time per request.
 3. memory: `--hold` streams held open through each proxy (the upstream holds them after their first
    chunk until released); (RSS open - RSS idle) / streams open.
-4. load: `--streams` concurrent streams through faithproxy (and direct, as the client's own baseline),
-   each `--stream-chunks` chunks `--stream-delay-ms` apart: errors, TTFT, completion.
+4. load: `--streams` streams started at once through faithproxy (and direct, as the client's own
+   baseline); the upstream holds each after its first chunk until all are open, so they really are
+   open at the same time; then `--stream-chunks` chunks `--stream-delay-ms` apart: errors, how many
+   were open at once, TTFT, completion.
 
 Without `.venv-litellm` the script says so and races direct vs faithproxy only. A figure is printed
 as a table; `--json PATH` also writes every figure.
@@ -171,6 +173,9 @@ async def throughput_phase(
             "latency_p50_ms": _ms(pct([r.total_s for r in results[name] if r.ok], 50)),
             "latency_p99_ms": _ms(pct([r.total_s for r in results[name] if r.ok], 99)),
         }
+        errors = sorted({r.error for r in results[name] if r.error})
+        if errors:
+            out[name]["error_examples"] = errors[:5]
         if cpu[name]:
             out[name]["proxy_cpu_ms_per_request"] = round(statistics.median(cpu[name]) * 1000, 3)
     return out
@@ -207,6 +212,7 @@ async def _held_rss(pid: int, client: Any, upstream: Any, hold: int) -> dict[str
     await asyncio.sleep(0.5)
     idle = statistics.median(rss_bytes(pid) for _ in range(3))
     streams = _OpenStreams(hold)
+    await upstream.post("/bench/arm")
 
     async def one() -> Result:
         result = await stream_once(client, body, chunks, streams.first)
@@ -240,33 +246,61 @@ async def memory_phase(proxies: list[Target], clients: dict[str, Any], *, hold: 
     return out
 
 
-async def load_phase(
-    load_targets: list[Target], clients: dict[str, Any], *, streams: int, chunks: int, delay_ms: float
-) -> dict:
-    body = request_body(stream=True, chunks=chunks, delay_ms=delay_ms)
+async def _load_one(
+    pid: int | None, client: Any, upstream: Any, *, streams: int, chunks: int, delay_ms: float, open_timeout_s: float
+) -> dict[str, Any]:
+    """`streams` streams started at once; the upstream holds each after its first content chunk until
+    all are open (or `open_timeout_s` passed), so they are open at the same time; then the rest
+    follows, `delay_ms` apart."""
+    body = request_body(stream=True, chunks=chunks, delay_ms=delay_ms, hold=True)
+    counter = _OpenStreams(streams)
+    await upstream.post("/bench/arm")
+    peak_rss = 0
+    done = asyncio.Event()
+
+    async def one() -> Result:
+        result = await stream_once(client, body, chunks, counter.first)
+        counter.end(result)
+        return result
+
+    async def watch_rss() -> None:
+        nonlocal peak_rss
+        while pid and not done.is_set():
+            peak_rss = max(peak_rss, rss_bytes(pid))
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(watch_rss())
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(one()) for _ in range(streams)]
+    try:
+        await asyncio.wait_for(counter.settled.wait(), timeout=open_timeout_s)
+    except TimeoutError:
+        pass
+    opening_s = time.perf_counter() - started
+    open_at_once = counter.opened - counter.finished
+    await upstream.post("/bench/release")
+    results = await asyncio.gather(*tasks)
+    done.set()
+    await watcher
+    figures = summarize(results, ttft=True)
+    figures |= {
+        "completed": sum(r.ok for r in results),
+        "open_at_once": open_at_once,
+        "opening_s": round(opening_s, 2),
+        "all_opened": counter.opened == streams and open_at_once == streams,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "stream_after_release_ms": round(delay_ms * (chunks - 1), 1),
+    }
+    if pid:
+        figures["peak_rss_mib"] = round(peak_rss / 2**20, 1)
+    return figures
+
+
+async def load_phase(load_targets: list[Target], clients: dict[str, Any], **kwargs: Any) -> dict:
     out = {}
     for target in load_targets:
         pid = target.proc.pid if target.proc is not None and target.name != "direct" else None
-        started = time.perf_counter()
-        peak = 0
-        done = asyncio.Event()
-
-        async def watch_rss(pid: int | None = pid, done: asyncio.Event = done) -> None:
-            nonlocal peak
-            while pid and not done.is_set():
-                peak = max(peak, rss_bytes(pid))
-                await asyncio.sleep(0.1)
-
-        watcher = asyncio.create_task(watch_rss())
-        results = await asyncio.gather(*(stream_once(clients[target.name], body, chunks) for _ in range(streams)))
-        done.set()
-        await watcher
-        figures = summarize(results, ttft=True)
-        figures |= {"completed": sum(r.ok for r in results), "wall_s": round(time.perf_counter() - started, 2)}
-        figures["ideal_stream_ms"] = round(delay_ms * (chunks - 1), 1)
-        if pid:
-            figures["peak_rss_mib"] = round(peak / 2**20, 1)
-        out[target.name] = figures
+        out[target.name] = await _load_one(pid, clients[target.name], clients["direct"], **kwargs)
     return out
 
 
@@ -311,7 +345,12 @@ async def measure(args: argparse.Namespace, all_targets: list[Target]) -> dict[s
                 load_targets += [t for t in proxies if t.name == "litellm"]
             print(f"load: {args.streams} concurrent streams ...", file=sys.stderr, flush=True)
             report["load"] = await load_phase(
-                load_targets, clients, streams=args.streams, chunks=args.stream_chunks, delay_ms=args.stream_delay_ms
+                load_targets,
+                clients,
+                streams=args.streams,
+                chunks=args.stream_chunks,
+                delay_ms=args.stream_delay_ms,
+                open_timeout_s=args.open_timeout_s,
             )
         return report
     finally:
@@ -331,7 +370,9 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
             out[f"{key}_ratio_to_litellm"] = round(fp[key] / theirs, 3) if theirs > 0 else None
             out[f"{key}_at_most_third_of_litellm"] = theirs > 0 and fp[key] <= theirs * GOAL_LITELLM_FRACTION
     if "load" in report:
-        out["load_zero_errors"] = report["load"]["faithproxy"]["errors"] == 0
+        load = report["load"]["faithproxy"]
+        out["load_zero_errors"] = load["errors"] == 0
+        out["load_all_open_at_once"] = load["all_opened"]
     return out
 
 
@@ -391,9 +432,10 @@ def render(report: dict[str, Any]) -> str:
         for name, figs in report["load"].items():
             lines.append(
                 f"{figs['requests']} concurrent streams via {name}: {figs['errors']} errors, "
-                f"{figs['completed']} completed in {figs['wall_s']} s; TTFT p50/p99 "
-                f"{_fmt(figs['ttft_p50_ms'])} / {_fmt(figs['ttft_p99_ms'])} ms; complete p50/p99 "
-                f"{_fmt(figs['total_p50_ms'])} / {_fmt(figs['total_p99_ms'])} ms (ideal {figs['ideal_stream_ms']})"
+                f"{figs['open_at_once']} open at once after {figs['opening_s']} s, {figs['completed']} completed; "
+                f"TTFT p50/p99 {_fmt(figs['ttft_p50_ms'])} / {_fmt(figs['ttft_p99_ms'])} ms; "
+                f"complete p50/p99 {_fmt(figs['total_p50_ms'])} / {_fmt(figs['total_p99_ms'])} ms; "
+                f"wall {figs['wall_s']} s"
                 + (f"; peak RSS {figs['peak_rss_mib']} MiB" if "peak_rss_mib" in figs else "")
             )
     lines.append("")
@@ -446,7 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=500, help="latency rounds (each: every target, both kinds)")
+    parser.add_argument("--requests", type=int, default=300, help="latency rounds (each: every target, both kinds)")
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per answer in phases 1-2")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight in the throughput phase")
     parser.add_argument("--windows", type=int, default=3, help="throughput windows per target")
@@ -455,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--streams", type=int, default=1000, help="concurrent streams in the load phase (0: skip)")
     parser.add_argument("--stream-chunks", type=int, default=20)
     parser.add_argument("--stream-delay-ms", type=float, default=50.0)
+    parser.add_argument("--open-timeout-s", type=float, default=20.0, help="longest wait for all load streams to open")
     parser.add_argument("--load-litellm", action="store_true", help="send the load phase through LiteLLM too")
     parser.add_argument("--no-litellm", action="store_true", help="race direct vs faithproxy only")
     parser.add_argument("--workdir", help="logs and the LiteLLM config (default: a temporary folder)")

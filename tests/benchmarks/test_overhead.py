@@ -42,6 +42,7 @@ async def test_fast_upstream_streams_the_expected_text_and_holds() -> None:
             assert plain.json()["choices"][0]["message"]["content"] == expected_text(4)
 
             # A held stream waits after its first content chunk until released.
+            await client.post("/bench/arm")
             opened = asyncio.Event()
             task = asyncio.create_task(
                 stream_once(client, request_body(stream=True, chunks=3, hold=True), 3, opened.set)
@@ -51,6 +52,7 @@ async def test_fast_upstream_streams_the_expected_text_and_holds() -> None:
             assert not task.done()
             assert (await client.post("/bench/release")).json() == {"released": 1}
             assert (await task).ok
+            assert (await stream_once(client, request_body(stream=True, chunks=3, hold=True), 3)).ok  # disarmed
         finally:
             await client.aclose()
 
@@ -100,5 +102,6 @@ def test_overhead_script_end_to_end(tmp_path: Path) -> None:
     load = report["load"]["faithproxy"]
     assert load["requests"] == load["completed"] == 50 and load["errors"] == 0
     assert load["ttft_p50_ms"] <= load["ttft_p99_ms"] and load["total_p50_ms"] <= load["total_p99_ms"]
+    assert load["open_at_once"] == 50 and load["all_opened"] is True
     assert report["goals"]["load_zero_errors"] is True
     assert report["config"]["litellm"] is None
