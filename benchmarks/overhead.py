@@ -448,21 +448,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     _raise_fd_limit(4 * max(args.streams, args.hold, args.concurrency) + 1024)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-overhead-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     use_litellm = not args.no_litellm and targets.litellm_available()
     if not args.no_litellm and not use_litellm:
         print(f"LiteLLM not found at {targets.LITELLM_BIN}: measuring direct vs faithproxy only", file=sys.stderr)
-    upstream = targets.start_upstream(workdir, args.chunks)
-    started: list[Target] = [upstream]
+    started: list[Target] = []
     try:
-        targets.wait_ready(upstream, "/v1/models", 30)
-        fp = targets.start_faithproxy(workdir, upstream.base_url, max_concurrent=max(4096, 2 * args.streams))
-        started.append(fp)
-        if use_litellm:
-            started.append(targets.start_litellm(workdir, upstream.base_url))
-        targets.wait_ready(fp, "/healthz", 60)
+        upstream = targets.start_ready(lambda: targets.start_upstream(workdir, args.chunks), "/v1/models", 30)
+        started.append(upstream)
+        limit = max(4096, 2 * args.streams)
+        started.append(
+            targets.start_ready(lambda: targets.start_faithproxy(workdir, upstream.base_url, limit), "/healthz", 60)
+        )
         if use_litellm:
             print("waiting for LiteLLM to start ...", file=sys.stderr, flush=True)
-            targets.wait_ready(started[2], "/health/liveliness", 180)
+            started.append(
+                targets.start_ready(
+                    lambda: targets.start_litellm(workdir, upstream.base_url), "/health/liveliness", 180
+                )
+            )
         loop_runner = asyncio.run
         try:
             import uvloop
@@ -480,6 +484,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     report["machine"] = {
         "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
     }

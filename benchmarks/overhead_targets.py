@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,13 +118,32 @@ def start_litellm(workdir: Path, upstream: str) -> Target:
     return Target("litellm", f"http://127.0.0.1:{port}", _spawn(argv, env, log), log)
 
 
+class TargetExited(RuntimeError):
+    """The process ended before it answered (e.g. its port was taken between picking and binding)."""
+
+
+def start_ready(start: Callable[[], Target], path: str, timeout_s: float, tries: int = 3) -> Target:
+    """Starts a target and waits until `path` answers; one that exits at once is started again on
+    another port (ports are picked free here and bound by the child, so another process can win)."""
+    for attempt in range(tries):
+        target = start()
+        try:
+            wait_ready(target, path, timeout_s)
+            return target
+        except BaseException as exc:
+            stop(target)
+            if not isinstance(exc, TargetExited) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def wait_ready(target: Target, path: str, timeout_s: float) -> None:
     """Polls `path` until it answers 200; raises with the log's tail if the process dies or time runs out."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0, trust_env=False) as client:
         while time.monotonic() < deadline:
             if target.proc is not None and target.proc.poll() is not None:
-                raise RuntimeError(f"{target.name} exited with {target.proc.returncode}:\n{_tail(target.log)}")
+                raise TargetExited(f"{target.name} exited with {target.proc.returncode}:\n{_tail(target.log)}")
             try:
                 if client.get(target.base_url + path).status_code == 200:
                     return
