@@ -56,6 +56,29 @@ class CellProbe(torch.nn.Module):
         return total / len(heads), right.float().mean().item()
 
 
+class PositionProbe(torch.nn.Module):
+    """Reads, from each merged image token alone, which cell it covers.
+
+    The first 84 px run learned what is in the image (the cell probe read 97% of cells right) but
+    still put objects in the wrong column: the text model has only rotary position differences to
+    tell image tokens apart, and a 4-layer model reads them poorly. This head makes the vision tower
+    write each token's own cell into the token's content, where the text model can read it directly.
+    Like the cell probe it is training-only and never saved with the model.
+    """
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.cell = torch.nn.Linear(hidden, len(CELLS))
+
+    def loss(self, features: torch.Tensor, images: int) -> tuple[torch.Tensor, float]:
+        """Cross-entropy of each token's cell, and the share of tokens placed right."""
+        x = features.reshape(images, len(CELLS), -1)
+        logits = self.cell(x).reshape(-1, len(CELLS))
+        target = torch.arange(len(CELLS)).repeat(images)
+        loss = torch.nn.functional.cross_entropy(logits, target)
+        return loss, (logits.argmax(-1) == target).float().mean().item()
+
+
 def cell_targets(scenes: Sequence[Scene]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per scene and cell: 0 for empty or 1 + shape index; colour and size indices (IGNORE if empty)."""
     shape = torch.zeros(len(scenes), len(CELLS), dtype=torch.long)

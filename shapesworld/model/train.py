@@ -47,7 +47,7 @@ from shapesworld.model.corpus import (
     user_message,
 )
 from shapesworld.model.greedy import generate_in_batches
-from shapesworld.model.probe import CellProbe, VisionTap
+from shapesworld.model.probe import CellProbe, PositionProbe, VisionTap
 from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
 from shapesworld.scenes import DEFAULT_SIZE, render
 from tinyvlm import build
@@ -75,6 +75,9 @@ class RunConfig:
     tokenizer_items: int = 3000
     max_new_tokens: int = 160
     probe_weight: float = 1.0  # the cell probe's loss next to the chain loss (see `probe`)
+    # The position probe (probe.PositionProbe) joins after this step. The committed model's run added
+    # it when resumed at step 1839 (see README); 0 trains with it from the start.
+    position_probe_from: int = 0
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -254,6 +257,9 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(
         [*model.parameters(), *probe.parameters()], lr=run.lr, betas=(0.9, 0.98), weight_decay=run.weight_decay
     )
+    # Its own optimizer, so that checkpoints from before it existed resume with their optimizer state.
+    position = PositionProbe(size.text_hidden)
+    position_optimizer = torch.optim.AdamW(position.parameters(), lr=run.lr, betas=(0.9, 0.98))
     digest = source_digest()
     report: dict[str, Any] = {
         "command": opts.command,
@@ -267,7 +273,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     }
     step, samples, train_seconds = 0, 0, 0.0
     if opts.resume is not None:
-        info = _resume(opts.resume, opts.seed, model, probe, optimizer)
+        info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run.batch_size)
         if (out / "eval.json").is_file():  # resuming in the same folder: keep the earlier results
@@ -281,24 +287,33 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
 
     model.train()
     since_checkpoint = 0.0
-    losses: dict[str, list[float]] = {t: [] for t in (*TASKS, "probe", "probe_cells_right")}
+    losses: dict[str, list[float]] = {t: [] for t in (*TASKS, "probe", "probe_cells_right", "position_right")}
     while True:
         step += 1
         tick = time.monotonic()
         task = task_of_step(step)
         samples_now = _take(streams[task], run.batch_size)
         batch = encode(processor, samples_now)
-        for group in optimizer.param_groups:
+        for group in (*optimizer.param_groups, *position_optimizer.param_groups):
             group["lr"] = learning_rate(step, run)
         logits = model(**batch.tensors, use_cache=False).logits
         mask = batch.labels != IGNORE
         loss = torch.nn.functional.cross_entropy(logits[mask].float(), batch.labels[mask])
         assert tap.features is not None
         probe_loss, cells_right = probe.loss(tap.features, [s.scene for s in samples_now])
+        total = loss + run.probe_weight * probe_loss
+        with_position = step > run.position_probe_from
+        if with_position:
+            position_loss, position_right = position.loss(tap.features, len(samples_now))
+            total = total + run.probe_weight * position_loss
+            losses["position_right"].append(position_right)
         optimizer.zero_grad(set_to_none=True)
-        (loss + run.probe_weight * probe_loss).backward()
+        position_optimizer.zero_grad(set_to_none=True)
+        total.backward()
         torch.nn.utils.clip_grad_norm_([*model.parameters(), *probe.parameters()], 1.0)
         optimizer.step()
+        if with_position:
+            position_optimizer.step()
         samples += run.batch_size
         spent = time.monotonic() - tick
         train_seconds += spent
@@ -324,7 +339,17 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
             since_checkpoint = 0.0
             info = {"seed": opts.seed, "step": step, "samples": samples, "train_seconds": round(train_seconds, 1)}
             entry = _checkpoint(
-                out, model, probe, optimizer, processor, digest, info | {"parameters": n_params, "size": run.size}
+                out,
+                model,
+                {
+                    "probe": probe,
+                    "optimizer": optimizer,
+                    "position": position,
+                    "position_optimizer": position_optimizer,
+                },  # fmt: skip
+                processor,
+                digest,
+                info | {"parameters": n_params, "size": run.size},
             )
             entry["heldout"] = heldout.evaluate(model, processor)
             report["checkpoints"].append(entry)
@@ -358,8 +383,17 @@ def _fast_forward(streams: dict[str, Any], steps: int, batch_size: int) -> None:
         _take(streams[task_of_step(s)], batch_size)
 
 
-def _resume(path: Path, seed: int, model: Any, probe: CellProbe, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Loads a checkpoint's weights, probe and optimizer state; returns its info."""
+def _resume(
+    path: Path,
+    seed: int,
+    model: Any,
+    probe: CellProbe,
+    optimizer: torch.optim.Optimizer,
+    position: PositionProbe,
+    position_optimizer: torch.optim.Optimizer,
+) -> dict[str, Any]:
+    """Loads a checkpoint's weights, probes and optimizer states; returns its info. Checkpoints from
+    before the position probe existed have none: it starts fresh."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     info = json.loads((path / "training_info.json").read_text())
@@ -370,24 +404,23 @@ def _resume(path: Path, seed: int, model: Any, probe: CellProbe, optimizer: torc
     state = torch.load(path / STATE_FILE, weights_only=True)
     probe.load_state_dict(state["probe"])
     optimizer.load_state_dict(state["optimizer"])
+    if "position" in state:
+        position.load_state_dict(state["position"])
+        position_optimizer.load_state_dict(state["position_optimizer"])
     return info
 
 
 def _checkpoint(
-    out: Path,
-    model: Any,
-    probe: CellProbe,
-    optimizer: torch.optim.Optimizer,
-    processor: Any,
-    digest: str,
-    info: dict[str, Any],
+    out: Path, model: Any, trainer: dict[str, Any], processor: Any, digest: str, info: dict[str, Any]
 ) -> dict[str, Any]:
+    """Saves the model (loadable by transformers and vLLM) and, beside it, what only training needs:
+    `trainer` maps names to the probes and optimizers (their state dicts go into STATE_FILE)."""
     name = f"step-{info['step']:06d}"
     path = out / "checkpoints" / name
     shutil.rmtree(path, ignore_errors=True)
     model.eval()
     build.save(model, processor, path, digest, info)
-    torch.save({"optimizer": optimizer.state_dict(), "probe": probe.state_dict()}, path / STATE_FILE)
+    torch.save({name: part.state_dict() for name, part in trainer.items()}, path / STATE_FILE)
     model.train()
     return {"name": name, **info}
 
@@ -408,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-steps", type=int, help="also checkpoint every this many steps")
     parser.add_argument("--resume", type=Path, help="a checkpoint folder to continue from (same seed)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, tiny steps: for CI")
+    parser.add_argument("--position-probe-from", type=int, default=0, help="step after which the position probe joins")
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.
     parser.add_argument("--threads", type=int, default=1)
@@ -426,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = replace(
             opts, max_steps=args.max_steps or 6, checkpoint_minutes=1e9, checkpoint_steps=opts.checkpoint_steps or 3
         )
-    report = train(args.out, SMOKE if args.smoke else RunConfig(), opts)
+    run = replace(SMOKE if args.smoke else RunConfig(), position_probe_from=args.position_probe_from)
+    report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1
 
 
