@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("benchmarks.cli:Report", "Markdown tables and PNG plots (Tables 11, 4, 12; option curve)"),
     "option-curve": ("benchmarks.cli:OptionCurve", "P(each MCQ option) after each step, from vLLM logprobs"),
     "run": ("benchmarks.run", "run a benchmark through faithproxy or straight to vLLM, and score it"),
+    "shapesworld": ("benchmarks.shapesworld_bench", "ShapesWorld held-out scenes: vanilla vs faithproxy per detector"),
 }
 
 
