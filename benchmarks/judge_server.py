@@ -11,7 +11,9 @@ before are never reported.
     GET  /_stats                {"requests", "sentences_judged", "by_protocol", "last_request"}
     POST /_control              {"latency_s"?, "mode"?, "obey_checked"?, "reset_stats"?} -> state
 
-A hint request of the proxy's collaborative hint inference (server/hints.py) gets the fixed HINT_REPLY.
+A hint request of the proxy's collaborative hint inference (server/hints.py) gets the fixed HINT_REPLY,
+and the whole-chain evaluation prompt of `faithproxy bench judge-upr` a block per sentence with the
+oracle's (or the pixels') labels.
 
 `sentences_judged` counts the sentences each request asked about (context sentences excluded), so a
 test or a benchmark sees batching as requests < sentences_judged.
@@ -62,6 +64,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from benchmarks.judge_upr import parse_evaluation_prompt
 from benchmarks.local_server import running_app
 from detectors.judge_prompt import parse_judge_prompt_details
 from faithcore.types import StepKind
@@ -129,18 +132,19 @@ class Oracle:
 
     def reply(self, sentences: list[str], already_checked: int = 0) -> str:
         """The judge-format reply an obedient, perfect judge would give."""
+        return format_reply(*self.verdicts(sentences, []), sentences, already_checked)
+
+    def verdicts(self, sentences: list[str], images: list[bytes]) -> tuple[str, list[StepKind], list[bool]]:
+        """(image description, kind of each sentence, whether each is an unfaithful perception)."""
         kinds = [self.kind(s) for s in sentences]
         unfaithful = [k is StepKind.PERCEPTION and self.is_unfaithful(s) for k, s in zip(kinds, sentences, strict=True)]
-        return format_reply(self.description, sentences, kinds, unfaithful, already_checked)
-
-    def judge(self, sentences: list[str], images: list[bytes], already_checked: int = 0) -> str:
-        return self.reply(sentences, already_checked)
+        return self.description, kinds, unfaithful
 
 
 class PixelJudge:
     """Verdicts read off the image: the ShapesWorld scene parser and the world's sentence grammar."""
 
-    def judge(self, sentences: list[str], images: list[bytes], already_checked: int = 0) -> str:
+    def verdicts(self, sentences: list[str], images: list[bytes]) -> tuple[str, list[StepKind], list[bool]]:
         from shapesworld.claims import PERCEPTION, check_chain
         from shapesworld.judge_reply import describe
         from shapesworld.parser import parse_image
@@ -150,11 +154,22 @@ class PixelJudge:
         scene = parse_image(images[-1])  # the proxy sends one image per judge call; the latest wins
         checks = check_chain(sentences, scene.objects).sentences
         kinds = [StepKind.PERCEPTION if c.kind == PERCEPTION else StepKind.REASONING for c in checks]
-        return format_reply(describe(scene), sentences, kinds, [c.faithful is False for c in checks], already_checked)
+        return describe(scene), kinds, [c.faithful is False for c in checks]
+
+
+def format_evaluation(description: str, kinds: list[StepKind], unfaithful: list[bool], sentences: list[str]) -> str:
+    """The reply to the evaluation prompt of `faithproxy bench judge-upr` (benchmarks/judge_upr.py): a
+    block per sentence, every sentence labelled."""
+    lines = [f"Image description: {description}"]
+    for i, (sentence, kind, wrong) in enumerate(zip(sentences, kinds, unfaithful, strict=True), start=1):
+        lines += [f'Sentence {i}: "{sentence}"', f"Type: {kind.name}"]
+        if kind is StepKind.PERCEPTION:
+            lines.append(f"Faithfulness: {'UNFAITHFUL' if wrong else 'FAITHFUL'}")
+    return "\n".join(lines)
 
 
 def format_reply(
-    description: str, sentences: list[str], kinds: list[StepKind], unfaithful: list[bool], already_checked: int = 0
+    description: str, kinds: list[StepKind], unfaithful: list[bool], sentences: list[str], already_checked: int = 0
 ) -> str:
     """Our judge reply format (detectors/judge_prompt.py); sentences before `already_checked` are not
     reported, as an obedient judge does with sentences the proxy marks as checked."""
@@ -306,6 +321,14 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
         if _HINT_FIELDS.issubset(set(_FIELD_NAMES.findall(text))):  # a hint request (server/hints.py)
             state.last_request = {"protocol": protocol, "model": body.get("model"), "hint_prompt": text}
             return HINT_REPLY, info
+        images_bytes = [i["bytes"] for i in images if "bytes" in i]
+        with contextlib.suppress(ValueError):  # the whole-chain evaluation prompt of bench judge-upr
+            _, chain = parse_evaluation_prompt(text)
+            state.last_request = {"protocol": protocol, "model": body.get("model"), "evaluation": len(chain)}
+            try:
+                return format_evaluation(*state.oracle.verdicts(chain, images_bytes), chain), info
+            except ValueError as exc:
+                return _error(protocol, 400, "invalid_request_error", str(exc))
         try:
             prompt = parse_judge_prompt_details(text)
         except ValueError as exc:
@@ -323,7 +346,7 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
             "image_hint": prompt.image_hint,
         }
         try:
-            reply = state.oracle.judge(prompt.sentences, [i["bytes"] for i in images if "bytes" in i], checked)
+            reply = format_reply(*state.oracle.verdicts(prompt.sentences, images_bytes), prompt.sentences, checked)
         except ValueError as exc:  # the pixel judge without an inline image, or one it cannot decode
             return _error(protocol, 400, "invalid_request_error", str(exc))
         return reply, info

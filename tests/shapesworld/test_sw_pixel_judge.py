@@ -100,3 +100,35 @@ async def test_the_pixel_judge_refuses_a_request_without_an_inline_image() -> No
         broken = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@@"}}
         body["messages"][0]["content"] = [broken, {"type": "text", "text": prompt}]
         assert (await http.post("/v1/messages", json=body)).status_code == 400
+
+
+async def test_judge_upr_through_the_pixel_judge_reproduces_ground_truth(tmp_path: Any) -> None:
+    """`faithproxy bench judge-upr` (whole-chain evaluation prompt) against the pixel judge: on chains
+    with planted errors its labels, and so its UPR, are the ground truth's."""
+    from benchmarks.judge_upr import judge_upr
+    from benchmarks.labelled import read_chains
+    from benchmarks.metrics import upr
+    from shapesworld.chains import hallucinated_chain
+    from shapesworld.export import write_chains_jsonl
+
+    records = []
+    for i in range(12):
+        scene = generate_scene(4321, i)
+        rng = random.Random(i)
+        question = make_question(scene, rng, "count" if i % 2 else "attribute")
+        planted = hallucinated_chain(scene, question, rng) if i % 3 else None
+        records.append((f"c{i}", scene, question, planted.chain if planted else reference_chain(scene, question)))
+    path = tmp_path / "gold.jsonl"
+    write_chains_jsonl(path, records, image_dir=tmp_path / "images")
+    gold = read_chains(path)
+    async with running_judge_server(create_app(PixelJudge())) as url:
+        backend = build_judge(JudgeConfig(name="pixels", backend="openai", model="m", base_url=f"{url}/v1",
+                                          api_key="k", timeout_s=5, max_retries=0))  # fmt: skip
+        labelled, report = await judge_upr(gold, backend, progress=False)
+        await backend.aclose()
+    assert report.errors == 0 and report.judge_calls == 12
+    assert [[(s.kind, s.faithful) for s in c.steps] for c in labelled] == [
+        [(s.kind, s.faithful) for s in c.steps] for c in gold
+    ]
+    truth = upr(gold)
+    assert report.upr["unfaithful_steps"] == truth.unfaithful_steps > 0
