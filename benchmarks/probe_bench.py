@@ -14,6 +14,9 @@ Data sets:
   objects) and by the ShapesWorld judge (`detected`, the same claims checked against the objects its
   pixel parser reads from the image — the judge the proxy's tests use). The weights are an argument:
   the ShapesWorld model is retrained from time to time.
+- `shapesworld-labelled`: ShapesWorld's labelled chains (`shapesworld/export.py`'s kind: reference
+  chains, `--hallucination-rate` of them built on a perturbed belief, so unfaithful steps are rare),
+  teacher-forced through the model on held-out scenes; labels as above.
 - `fixture`: the tiny fixture model's chains and their trained rewrites (tinyvlm/fixture_spec.py),
   teacher-forced; labels from the spec (judge = oracle = ground truth). Tiny: a smoke test.
 
@@ -64,6 +67,27 @@ def _shapesworld_items(n: int) -> list[dict[str, Any]]:
                 "question": item.question.prompt,
                 "messages": [user_message(item.question.prompt, data_url(item.scene))],
                 "reply": None,  # generated
+                "item": item,
+            }
+        )
+    return items
+
+
+def _labelled_items(n: int, rate: float) -> list[dict[str, Any]]:
+    """ShapesWorld labelled chains (reference chains, a share `rate` with a planted perturbed belief),
+    teacher-forced: the chains of `shapesworld/export.py`, on held-out scenes."""
+    from shapesworld.dataset import generate_items
+    from shapesworld.model.corpus import HELDOUT_SEED, user_message
+    from shapesworld.model.evaluate import data_url
+
+    items = []
+    for item in generate_items(HELDOUT_SEED, n, hallucination_rate=rate):
+        items.append(
+            {
+                "id": item.id,
+                "question": item.question.prompt,
+                "messages": [user_message(item.question.prompt, data_url(item.scene))],
+                "reply": item.chain.text(),
                 "item": item,
             }
         )
@@ -186,7 +210,12 @@ async def _self_check(
 
 
 async def _collect(args: argparse.Namespace, base_url: str, layers: list[int]) -> list[dict[str, Any]]:
-    items = _shapesworld_items(args.n) if args.data == "shapesworld" else fixture_items()
+    if args.data == "shapesworld":
+        items = _shapesworld_items(args.n)
+    elif args.data == "shapesworld-labelled":
+        items = _labelled_items(args.n, args.hallucination_rate)
+    else:
+        items = fixture_items()
     vllm = VLLMClient(base_url, request_timeout_s=600)
     hidden = HiddenStatesClient(vllm, layers)
     gate = asyncio.Semaphore(args.concurrency)
@@ -270,6 +299,8 @@ def compare(args: argparse.Namespace) -> int:
         "probe": probe_cli.report(yv, scores, pos, threshold),
         "judge": probe_cli.binary_metrics(yv, judge_v),
         "prompt": probe_cli.binary_metrics(yv, prompt_v),
+        # what F1 on the unfaithful class gives for free at this class balance
+        "baseline: all unfaithful": probe_cli.binary_metrics(yv, np.ones_like(yv)),
     }
     answered = np.asarray([v is not None for v in prompt_raw])
     print(f"{'detector':<22} {'P':>6} {'R':>6} {'F1':>6} {'AUROC':>6}  judge calls")
@@ -320,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="start vLLM with hidden-state capture, write feature traces")
     c.add_argument("--model-dir", required=True)
-    c.add_argument("--data", choices=("shapesworld", "fixture"), required=True)
+    c.add_argument("--data", choices=("shapesworld", "shapesworld-labelled", "fixture"), required=True)
+    c.add_argument("--hallucination-rate", type=float, default=0.25, help="shapesworld-labelled: planted chains")
     c.add_argument("--n", type=int, default=150, help="shapesworld: held-out items")
     c.add_argument("--out", required=True)
     c.add_argument("--served-name", default="probe-bench-vlm")
@@ -339,7 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--train-early", action="store_true", help="fit on steps i <= 2 only (the paper's setting)")
     m.add_argument(
-        "--cascade", type=_pair, nargs="+", default=[(0.1, 0.9), (0.2, 0.8), (0.3, 0.7)], help="low,high pairs"
+        "--cascade",
+        type=_pair,
+        nargs="+",
+        default=[(0.05, 0.95), (0.1, 0.9), (0.2, 0.8), (0.3, 0.7)],
+        help="low,high pairs",
     )
     m.add_argument("--concurrency-note", default="4 concurrent chains", help=argparse.SUPPRESS)
     m.set_defaults(func=compare)
