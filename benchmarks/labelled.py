@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from faithcore.errors import BenchmarkError
+
 PERCEPTION = "perception"
 REASONING = "reasoning"
 KINDS = (PERCEPTION, REASONING)
@@ -37,7 +39,7 @@ _RECORD_FIELDS = ("id", "question", "image", "steps", "answer", "gold_answer")
 _STEP_FIELDS = ("text", "kind", "faithful", "score")
 
 
-class LabelledFormatError(ValueError):
+class LabelledFormatError(BenchmarkError):
     """A labelled-chain file or record that does not follow the format; the message says where."""
 
 

@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.labelled import REASONING, LabelledChain, LabelledStep
+from faithcore.errors import BenchmarkError
 
 
-class MetricError(ValueError):
+class MetricError(BenchmarkError):
     """Inputs that cannot be scored together (ids or steps that do not match); the message says which."""
 
 

@@ -37,7 +37,7 @@ from benchmarks.labelled import KINDS, LabelledChain, LabelledStep
 from benchmarks.metrics import f1_by_position, step_f1, upr
 from detectors.base import ChainContext, Detector
 from detectors.registry import DETECTORS, DetectorDeps, build_detectors, resolve
-from faithcore.errors import DetectorError, FaithproxyError
+from faithcore.errors import BenchmarkError, DetectorError, FaithproxyError
 from faithcore.images import ImageRef, parse_image_url
 from faithcore.kinds import classify_step
 from faithcore.types import Faithfulness, Step, StepKind, Verdict
@@ -47,7 +47,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _LABEL = {Faithfulness.FAITHFUL: True, Faithfulness.UNFAITHFUL: False, Faithfulness.UNKNOWN: None}
 
 
-class ReplayError(ValueError):
+class ReplayError(BenchmarkError):
     """A replay that cannot start (unknown detector, missing judge or generator); the message says why."""
 
 

@@ -13,7 +13,10 @@
     ├── UpstreamError               502 upstream_error          (vLLM failed or is unreachable)
     │   └── UpstreamStatusError     status of vLLM's own reply, its message passed on
     ├── DetectorError               502 detector_error          (judge down, garbage reply, ...)
-    └── RegenerationError           502 regeneration_error
+    ├── RegenerationError           502 regeneration_error
+    └── BenchmarkError              offline tools only (faithproxy bench/probe): a bad labelled file,
+                                    metric inputs that do not match, a replay that cannot run; also a
+                                    ValueError, so callers that catch that keep working
 
 Each class carries the OpenAI error `type` and HTTP status it maps to; server/errors.py turns any of
 them into an OpenAI-format error body (or a final SSE error frame once the stream has started).
@@ -31,6 +34,10 @@ class FaithproxyError(Exception):
         self.message = message
         self.param = param
         self.code = code
+
+
+class BenchmarkError(FaithproxyError, ValueError):
+    """An offline tool cannot do what it was asked (never raised while serving requests)."""
 
 
 class PolicyError(FaithproxyError):
