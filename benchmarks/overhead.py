@@ -359,16 +359,19 @@ async def measure(args: argparse.Namespace, all_targets: list[Target]) -> dict[s
 
 
 def goals(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's goals, judged on streamed TTFT and non-streamed latency alike."""
+    """The issue's goals, judged on streamed TTFT and non-streamed latency alike (None: not measurable,
+    e.g. every request of a target failed)."""
     lat = report["latency"]
     fp = lat["faithproxy"]["added"]
     out: dict[str, Any] = {}
     for key in ("stream_ttft_p50_ms", "non_stream_total_p50_ms"):
-        out[f"{key}_under_1ms"] = fp[key] < GOAL_ADDED_P50_MS
+        mine = fp.get(key)
+        out[f"{key}_under_1ms"] = None if mine is None else mine < GOAL_ADDED_P50_MS
         if "litellm" in lat:
-            theirs = lat["litellm"]["added"][key]
-            out[f"{key}_ratio_to_litellm"] = round(fp[key] / theirs, 3) if theirs > 0 else None
-            out[f"{key}_at_most_third_of_litellm"] = theirs > 0 and fp[key] <= theirs * GOAL_LITELLM_FRACTION
+            theirs = lat["litellm"]["added"].get(key)
+            measurable = mine is not None and theirs is not None and theirs > 0
+            out[f"{key}_ratio_to_litellm"] = round(mine / theirs, 3) if measurable else None
+            out[f"{key}_at_most_third_of_litellm"] = mine <= theirs * GOAL_LITELLM_FRACTION if measurable else None
     if "load" in report:
         load = report["load"]["faithproxy"]
         out["load_zero_errors"] = load["errors"] == 0
