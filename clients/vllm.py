@@ -106,7 +106,11 @@ class VLLMClient:
             base_url=base_url.rstrip("/"),
             headers=headers,
             timeout=self._timeout,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+            # Keep-alive as large as the pool: every proxied request holds one upstream connection, and
+            # requests queued behind a full pool stall the event loop in httpcore's pool scan (seen
+            # with 1,000 streams against a 512 pool: benchmarks/overhead.py). The app sizes the pool
+            # from its own concurrency limit, so nothing queues here.
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
 

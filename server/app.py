@@ -61,6 +61,8 @@ def create_app(
             connect_timeout_s=settings.upstream_connect_timeout_s,
             request_timeout_s=settings.upstream_request_timeout_s,
             stream_idle_timeout_s=settings.upstream_stream_idle_timeout_s,
+            # A request in flight holds one connection (a correction adds a short non-stream call).
+            max_connections=settings.max_concurrent_requests + 16,
             transport=upstream_transport,
         )
         fetcher = image_fetcher

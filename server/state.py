@@ -48,7 +48,7 @@ class AppState:
                 self.metrics.preinit_model(model, self.detectors)
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:  # async: FastAPI runs a sync dependency in a thread
     return request.app.state.faithproxy
 
 
