@@ -3,9 +3,11 @@
     python -m benchmarks.hidden_states_overhead --model-dir var/models/fixture-vlm --requests 40
     python -m benchmarks.hidden_states_overhead --model-dir shapesworld/model/weights --data shapesworld
 
-Starts vLLM (CPU flags of tinyvlm/serve.py, float32) once per configuration, one after the other so
-they never share the CPU, warms it up, then sends the same greedy chat requests (each with its image)
-one at a time and `--concurrency` at a time, and prints completion tokens/s and mean latency:
+Starts one vLLM per configuration (CPU flags of tinyvlm/serve.py, float32), warms them up, then runs
+`--rounds` rounds; each round sends the same greedy chat requests (each with its image) to every
+configuration in turn, one at a time and `--concurrency` at a time, so that only one server works at
+any moment and load from elsewhere on the machine weighs on all configurations alike. Prints completion
+tokens/s (median over rounds), the median per-round ratio to `plain`, and mean latency:
 
 - `plain`: no capture;
 - `route1`: `--speculative-config extract_hidden_states` + the CPU-safe connector (every finished
@@ -25,6 +27,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -121,8 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hidden_states_overhead", description=__doc__)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--data", choices=("fixture", "shapesworld"), default="fixture")
-    parser.add_argument("--requests", type=int, default=40)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=20, help="requests per load, per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--layers", type=int, nargs="+")
     parser.add_argument("--route2", action="store_true", help="also time a pooling-runner server")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -135,51 +139,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     bodies = requests_for(args.data, args.requests, model)
     storage = Path(tempfile.mkdtemp(prefix="faithproxy-hs-"))
     repo = str(Path(__file__).resolve().parents[1])
-    configs = {"plain": [], "route1": server_args(layers, str(storage))}
-    results: dict[str, dict[str, Any]] = {}
-    replies: list[str] = []
+    flags: dict[str, list[str]] = {"plain": [], "route1": server_args(layers, str(storage))}
+    if args.route2:
+        pooler = {"task": "token_embed", "tok_pooling_type": "ALL", "use_activation": False}
+        flags["route2"] = ["--runner", "pooling", "--convert", "embed", "--pooler-config", json.dumps(pooler)]
+    # (label, server, concurrency, probe layers): every round runs each load once, in this order, so
+    # that whatever else the machine does weighs on all of them alike
+    c = args.concurrency
+    loads = [("plain c=1", "plain", 1, None), ("route1 c=1", "route1", 1, None),
+             ("route1+probe c=1", "route1", 1, layers), (f"plain c={c}", "plain", c, None),
+             (f"route1 c={c}", "route1", c, None), (f"route1+probe c={c}", "route1", c, layers)]  # fmt: skip
+    servers: dict[str, Any] = {}
+    per_round: dict[str, list[dict[str, float]]] = {label: [] for label, *_ in loads}
+    pooling: list[dict[str, float]] = []
     try:
-        for name, extra in configs.items():
+        for name, extra in flags.items():
             started = time.perf_counter()
-            server = start_vllm(args.model_dir, extra_args=extra, served_model_name=model, env={"PYTHONPATH": repo})
-            ready = time.perf_counter() - started
-            try:
-                asyncio.run(run_load(server.base_url, bodies[: min(4, len(bodies))], 4, None))  # warm-up
-                if name == "plain":
-                    replies = asyncio.run(_replies(server.base_url, bodies))
-                results[f"{name} c=1"] = asyncio.run(run_load(server.base_url, bodies, 1, None))
-                results[f"{name} c={args.concurrency}"] = asyncio.run(
-                    run_load(server.base_url, bodies, args.concurrency, None)
-                )
-                if name == "route1":
-                    probe = layers
-                    results["route1+probe c=1"] = asyncio.run(run_load(server.base_url, bodies, 1, probe))
-                    results[f"route1+probe c={args.concurrency}"] = asyncio.run(
-                        run_load(server.base_url, bodies, args.concurrency, probe)
-                    )
-                rss = _rss_mib(server.process.pid)
-            finally:
-                server.stop()
-            print(f"{name}: ready in {ready:.0f}s, RSS {rss:.0f} MiB", flush=True)
-        if args.route2:
-            pooling = [
-                "--runner", "pooling", "--convert", "embed", "--pooler-config",
-                json.dumps({"task": "token_embed", "tok_pooling_type": "ALL", "use_activation": False}),
-            ]  # fmt: skip
-            server = start_vllm(args.model_dir, extra_args=pooling, served_model_name=model)
-            try:
-                results["route2 /pooling c=1"] = asyncio.run(run_pooling(server.base_url, bodies, replies))
-                rss = _rss_mib(server.process.pid)
-            finally:
-                server.stop()
-            print(f"route2 server: RSS {rss:.0f} MiB", flush=True)
+            servers[name] = start_vllm(
+                args.model_dir, extra_args=extra, served_model_name=model, env={"PYTHONPATH": repo}
+            )
+            print(f"{name}: ready in {time.perf_counter() - started:.0f}s", flush=True)
+        for name in ("plain", "route1"):
+            asyncio.run(run_load(servers[name].base_url, bodies[: min(4, len(bodies))], 4, None))  # warm-up
+        replies = asyncio.run(_replies(servers["plain"].base_url, bodies)) if args.route2 else []
+        for r in range(args.rounds):
+            for label, name, concurrency, probe in loads:
+                per_round[label].append(asyncio.run(run_load(servers[name].base_url, bodies, concurrency, probe)))
+            if args.route2:
+                pooling.append(asyncio.run(run_pooling(servers["route2"].base_url, bodies, replies)))
+            print(f"round {r + 1}/{args.rounds} done", flush=True)
+        rss = {name: _rss_mib(server.process.pid) for name, server in servers.items()}
     finally:
+        for server in servers.values():
+            server.stop()
         shutil.rmtree(storage, ignore_errors=True)
-    print(f"\n{args.requests} requests ({args.data}, max_tokens 256, greedy), layers {layers}")
-    print(f"{'configuration':<22} {'tokens/s':>9} {'mean latency':>13}")
-    for name, r in results.items():
-        tps = f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "-"
-        print(f"{name:<22} {tps:>9} {1000 * r['mean_latency_s']:>10.0f} ms")
+
+    print(f"\n{args.requests} requests per load x {args.rounds} rounds ({args.data}, greedy), layers {layers}")
+    print("RSS after the runs: " + ", ".join(f"{name} {mib:.0f} MiB" for name, mib in rss.items()))
+    print(f"{'configuration':<20} {'tokens/s (median)':>18} {'vs plain (median of rounds)':>28} {'mean latency':>13}")
+    for label, _name, concurrency, _ in loads:
+        runs = per_round[label]
+        plain = per_round[f"plain c={concurrency}"]
+        ratios = [run["tokens_per_s"] / base["tokens_per_s"] for run, base in zip(runs, plain, strict=True)]
+        latency = statistics.mean(run["mean_latency_s"] for run in runs)
+        tps = statistics.median(run["tokens_per_s"] for run in runs)
+        print(f"{label:<20} {tps:>18.0f} {statistics.median(ratios):>27.2f}x {1000 * latency:>10.0f} ms")
+    if pooling:
+        latency = statistics.mean(p["mean_latency_s"] for p in pooling)
+        print(
+            f"{'route2 /pooling c=1':<20} {'-':>18} {'-':>28} {1000 * latency:>10.0f} ms (prompt + reply, per request)"
+        )
     return 0
 
 
