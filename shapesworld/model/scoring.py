@@ -28,6 +28,7 @@ from shapesworld.questions import QTYPES
 from shapesworld.scenes import render
 
 _ANSWER = re.compile(r"The answer is ([A-D])\.")
+_OPTION = re.compile(r"Option ([A-D]) says (.+?)\.(?:\s|$)")
 _WELL_FORMED = re.compile(r"<think>\n[^\n]+\n</think>\n\nThe answer is [A-D]\.", re.DOTALL)
 
 
@@ -49,6 +50,10 @@ class ReplyScore:
     answer: str | None
     correct: bool
     well_formed: bool
+    # Where a wrong answer comes from: the option text the chain settles on ("Option X says Y": Y is the
+    # gold option's text), and whether its letter X is the letter of the option saying Y.
+    option_text_correct: bool = False
+    letter_matches_text: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -66,6 +71,9 @@ def score_reply(item: Item, reply: str) -> ReplyScore:
     wrong = [c for c in perception if c.faithful is False]
     answers = _ANSWER.findall(reply)
     answer = answers[-1] if answers else None
+    said = _OPTION.findall(reply)
+    letter, text = said[-1] if said else (None, None)
+    options = dict(zip("ABCD", item.question.options, strict=False))
     return ReplyScore(
         item_id=item.id,
         qtype=item.question.qtype,
@@ -78,6 +86,8 @@ def score_reply(item: Item, reply: str) -> ReplyScore:
         answer=answer,
         correct=answer == item.question.gold_letter,
         well_formed=_WELL_FORMED.fullmatch(reply.strip()) is not None,
+        option_text_correct=text == item.question.gold_text,
+        letter_matches_text=letter is not None and options.get(letter) == text,
     )
 
 
@@ -116,6 +126,8 @@ class Summary:
             "accuracy": _ratio(sum(s.correct for s in scores), len(scores)),
             "accuracy_by_type": accuracy,
             "min_accuracy": min(accuracy.values()) if accuracy else 0.0,
+            "option_text_correct": _ratio(sum(s.option_text_correct for s in scores), len(scores)),
+            "letter_matches_text": _ratio(sum(s.letter_matches_text for s in scores), len(scores)),
             "error_kinds": dict(kinds.most_common()),
         }
 
