@@ -121,6 +121,9 @@ def chain_scores(items: Sequence[Item], replies: Sequence[str]) -> dict[str, Any
         "accuracy": ratio(sum(s.correct for s in scores), len(scores)),
         "accuracy_by_type": {q: ratio(sum(s.correct for s in g), len(g)) for q, g in sorted(by_type.items())},
         "well_formed": ratio(sum(s.well_formed for s in scores), len(scores)),
+        # accuracy = right option text AND its letter: the two parts apart
+        "option_text_correct": ratio(sum(s.option_text_correct for s in scores), len(scores)),
+        "letter_matches_text": ratio(sum(s.letter_matches_text for s in scores), len(scores)),
     }
 
 
@@ -213,14 +216,16 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "UPR and accuracy by ground truth (Table 11 style):",
         "",
-        "| configuration | UPR first draft | UPR detected | UPR residual | accuracy | wall s |",
-        "|---|---|---|---|---|---|",
-        f"| vanilla (vLLM alone) | {v['upr']:.3f} | – | {v['upr']:.3f} | {v['accuracy']:.3f} | {v['wall_s']:.1f} |",
+        "| configuration | UPR first draft | UPR detected | UPR residual | accuracy | right option text | wall s |",
+        "|---|---|---|---|---|---|---|",
+        f"| vanilla (vLLM alone) | {v['upr']:.3f} | – | {v['upr']:.3f} | {v['accuracy']:.3f} | "
+        f"{v['option_text_correct']:.3f} | {v['wall_s']:.1f} |",
     ]
     for name, d in result["detectors"].items():
+        c = d["corrected"]
         lines.append(
-            f"| faithproxy, {name} | {d['upr_first_draft']:.3f} | {d['upr_detected']:.3f} | "
-            f"{d['corrected']['upr']:.3f} | {d['corrected']['accuracy']:.3f} | {d['wall_s']:.1f} |"
+            f"| faithproxy, {name} | {d['upr_first_draft']:.3f} | {d['upr_detected']:.3f} | {c['upr']:.3f} | "
+            f"{c['accuracy']:.3f} | {c['option_text_correct']:.3f} | {d['wall_s']:.1f} |"
         )
     lines += ["", "Detectors against ground truth on the first drafts (Table 4 style):", ""]
     lines += ["| detector | precision | recall | F1 | flagged share |", "|---|---|---|---|---|"]
