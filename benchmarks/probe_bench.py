@@ -169,7 +169,7 @@ async def collect_one(
         item["reply"] = assistant_text_of(completion)
     segments = [s for s in segment_text(item["reply"]) if s.text]
     sentences = [s.text for s in segments]
-    labels = _shapesworld_labels(item["item"], sentences) if data == "shapesworld" else _fixture_labels(item, sentences)
+    labels = _fixture_labels(item, sentences) if data == "fixture" else _shapesworld_labels(item["item"], sentences)
     perception = [i for i, lab in enumerate(labels) if lab["kind"] == "perception"]
     started = time.perf_counter()
     captured = await hidden.step_states(model, item["messages"], "", [s.raw for s in segments], perception)
