@@ -167,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 per_round[label].append(asyncio.run(run_load(servers[name].base_url, bodies, concurrency, probe)))
             if args.route2:
                 pooling.append(asyncio.run(run_pooling(servers["route2"].base_url, bodies, replies)))
-            print(f"round {r + 1}/{args.rounds} done", flush=True)
+            done = ", ".join(f"{label} {per_round[label][-1]['tokens_per_s']:.1f}" for label, *_ in loads)
+            print(f"round {r + 1}/{args.rounds} tokens/s: {done}", flush=True)
         rss = {name: _rss_mib(server.process.pid) for name, server in servers.items()}
     finally:
         for server in servers.values():
