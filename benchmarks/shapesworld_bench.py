@@ -369,7 +369,7 @@ def main(args: argparse.Namespace) -> int:
     result = benchmark(args.model, args.n, detectors, args.concurrency, args.workdir, args.max_retries)
     labelled = result.pop("labelled")
     result["command"] = "faithproxy bench shapesworld " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in _OPTIONS and v is not None
+        f"--{k.replace('_', '-')} {_shown(v)}" for k, v in vars(args).items() if k in _OPTIONS and v is not None
     )
     if args.labelled_dir is not None:
         for name, records in labelled.items():
@@ -381,6 +381,13 @@ def main(args: argparse.Namespace) -> int:
         plot(result, args.out.with_suffix(".png"))
     print(markdown(result))
     return 0
+
+
+def _shown(value: Any) -> str:
+    """Paths relative to the working directory when they are below it, so the command can be rerun."""
+    if isinstance(value, Path) and value.resolve().is_relative_to(Path.cwd()):
+        return str(value.resolve().relative_to(Path.cwd()))
+    return str(value)
 
 
 _OPTIONS = ("model", "n", "detectors", "concurrency", "max_retries", "out", "labelled_dir")
