@@ -21,6 +21,7 @@ COPY regenerators regenerators
 COPY clients clients
 COPY benchmarks benchmarks
 COPY tinyvlm tinyvlm
+COPY shapesworld shapesworld
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

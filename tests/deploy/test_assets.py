@@ -298,3 +298,11 @@ def test_cpu_vllm_image_copies_only_what_its_context_sends() -> None:
     assert "scripts/install_vllm.sh" in sources, "the image installs vLLM with the tests' recipe"
     for source in sources:
         assert (assets.REPO / source).exists(), source
+
+
+def test_proxy_image_builds_every_package_the_project_declares() -> None:
+    """A package left out of the build stage is silently missing from the wheel (find skips it)."""
+    dockerfile = (assets.REPO / "Dockerfile").read_text()
+    declared = tomllib.loads((assets.REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    copied = set(re.findall(r"^COPY (\w+) \1$", dockerfile, re.M))
+    assert {pattern.rstrip("*") for pattern in declared["include"]} <= copied
