@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from clients.judges import JudgeConfig
 from server.settings import Settings
@@ -24,3 +28,14 @@ def local_judge_settings(vllm_url: str, judge_url: str, **overrides: Any) -> Set
         regeneration_temperature=0.0,
         **overrides,
     )
+
+
+async def proxy_metrics(proxy_url: str) -> str:
+    """The proxy's /metrics page (Prometheus text)."""
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"{proxy_url}/metrics")).text
+
+
+def read_traces(path: Path) -> list[dict[str, Any]]:
+    """Every trace record the proxy wrote to `path`, in order."""
+    return [json.loads(line) for line in path.read_text().splitlines()]

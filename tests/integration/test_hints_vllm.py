@@ -19,7 +19,7 @@ from benchmarks.local_server import running_app
 from server.app import create_app
 from server.hints import parse_hint_reply
 from tests.server.fakes import metric
-from tests.support import local_judge_settings
+from tests.support import local_judge_settings, proxy_metrics, read_traces
 from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
@@ -51,7 +51,7 @@ class HintStack:
     traces: Path
 
     def last_trace(self) -> dict[str, Any]:
-        return json.loads(self.traces.read_text().splitlines()[-1])
+        return read_traces(self.traces)[-1]
 
 
 @pytest.fixture
@@ -91,8 +91,7 @@ async def test_the_generator_sees_topic_hint_question_question_hint(hint_stack: 
     assert trace["hints"] == {"outcome": "applied", "question_type": "attribute", "topic_hint": HINTS.topic_hint,
                               "question_hint": HINTS.question_hint}  # fmt: skip
     assert trace["prompt"] == question  # judges are told the client's question, not the hinted one
-    async with httpx.AsyncClient() as http:
-        metrics = (await http.get(f"{hint_stack.proxy_url}/metrics")).text
+    metrics = await proxy_metrics(hint_stack.proxy_url)
     assert metric(metrics, "faithproxy_hint_requests_total", outcome="applied") == 1
     assert metric(metrics, "faithproxy_hint_seconds_count") == 1
 
@@ -110,8 +109,7 @@ async def test_a_failing_hint_judge_leaves_the_question_as_it_was(hint_stack: Hi
     assert reply.status_code == 200, reply.text
     assert hint_stack.recorder.chat_bodies[0]["messages"] == body(hint_stack.model)["messages"]
     assert hint_stack.last_trace()["hints"] == {"outcome": "error", "reason": "status_5xx"}
-    async with httpx.AsyncClient() as http:
-        metrics = (await http.get(f"{hint_stack.proxy_url}/metrics")).text
+    metrics = await proxy_metrics(hint_stack.proxy_url)
     assert metric(metrics, "faithproxy_hint_requests_total", outcome="error") == 1
     assert metric(metrics, "faithproxy_hint_requests_total", outcome="applied") == 0
 

@@ -28,7 +28,7 @@ from clients.hidden_states import HiddenStatesClient, read_hidden_states, server
 from clients.vllm import VLLMClient
 from server.app import create_app
 from tests.server.fakes import metric
-from tests.support import local_judge_settings
+from tests.support import local_judge_settings, proxy_metrics, read_traces
 from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
@@ -105,11 +105,10 @@ class Stack:
     judge_app: Any
 
     async def metrics(self) -> str:
-        async with httpx.AsyncClient() as http:
-            return (await http.get(f"{self.proxy_url}/metrics")).text
+        return await proxy_metrics(self.proxy_url)
 
     def traces(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.trace_path.read_text().splitlines()]
+        return read_traces(self.trace_path)
 
 
 @pytest.fixture
