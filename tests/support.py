@@ -39,3 +39,17 @@ async def proxy_metrics(proxy_url: str) -> str:
 def read_traces(path: Path) -> list[dict[str, Any]]:
     """Every trace record the proxy wrote to `path`, in order."""
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def local_judge_config(backend: str, url: str, **overrides: Any) -> JudgeConfig:
+    """A judge on a local judge server at `url`, through either SDK (the OpenAI one wants /v1)."""
+    values: dict[str, Any] = {
+        "name": f"local-{backend}",
+        "backend": backend,
+        "model": "judge-model",
+        "base_url": url if backend == "anthropic" else f"{url}/v1",
+        "api_key": "sk-test",
+        "timeout_s": 5.0,
+        "max_retries": 0,
+    }
+    return JudgeConfig.model_validate(values | overrides)

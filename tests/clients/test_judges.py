@@ -18,6 +18,7 @@ from clients.judges import JudgeBackend, JudgeConfig, OpenAICompatibleJudge, bui
 from detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt
 from faithcore.errors import DetectorError
 from faithcore.images import parse_image_url
+from tests.support import local_judge_config
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 DATA_IMAGE = parse_image_url(f"data:image/png;base64,{PNG_1PX}")
@@ -34,18 +35,7 @@ async def server() -> AsyncIterator[tuple[str, JudgeServerState]]:
 
 
 def config(backend: str, url: str, **overrides: object) -> JudgeConfig:
-    base = url if backend == "anthropic" else f"{url}/v1"
-    values: dict[str, object] = {
-        "name": f"local-{backend}",
-        "backend": backend,
-        "model": "judge-model",
-        "base_url": base,
-        "api_key": SECRET,
-        "timeout_s": 5.0,
-        "max_retries": 0,
-    }
-    values.update(overrides)
-    return JudgeConfig.model_validate(values)
+    return local_judge_config(backend, url, **({"api_key": SECRET} | overrides))
 
 
 @pytest.fixture(params=["anthropic", "openai"])

@@ -15,6 +15,7 @@ from detectors.none import NoneDetector
 from faithcore.errors import DetectorError
 from faithcore.images import ImageRef, parse_image_url
 from faithcore.types import Faithfulness, Step, StepKind
+from tests.support import local_judge_config
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 IMAGE = parse_image_url(f"data:image/png;base64,{PNG_1PX}")
@@ -40,17 +41,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     app = create_app(ORACLE)
     async with running_judge_server(app) as url:
         backend = request.param
-        judge = build_judge(
-            JudgeConfig(
-                name=f"local-{backend}",
-                backend=backend,
-                model="judge-model",
-                base_url=url if backend == "anthropic" else f"{url}/v1",
-                api_key="sk-test",
-                timeout_s=0.5,
-                max_retries=0,
-            )
-        )
+        judge = build_judge(local_judge_config(backend, url, timeout_s=0.5))
         detector = JudgeDetector({judge.name: judge}, judge.name)
         yield Env(detector, app.state.judge, judge.name)
         await detector.aclose()

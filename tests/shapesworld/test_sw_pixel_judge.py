@@ -23,6 +23,7 @@ from shapesworld.language import parse_claim, render_claim
 from shapesworld.perturb import perturb_claim
 from shapesworld.questions import make_question
 from shapesworld.scenes import generate_scene, png_bytes, render
+from tests.support import local_judge_config
 
 F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
 
@@ -35,17 +36,7 @@ def data_url(png: bytes) -> str:
 async def detector(request: pytest.FixtureRequest) -> AsyncIterator[JudgeDetector]:
     async with running_judge_server(create_app(PixelJudge())) as url:
         backend = request.param
-        judge = build_judge(
-            JudgeConfig(
-                name=f"pixels-{backend}",
-                backend=backend,
-                model="shapesworld-pixel-judge",
-                base_url=url if backend == "anthropic" else f"{url}/v1",
-                api_key="sk-test",
-                timeout_s=5,
-                max_retries=0,
-            )
-        )
+        judge = build_judge(local_judge_config(backend, url, name=f"pixels-{backend}"))
         detector = JudgeDetector({judge.name: judge}, judge.name)
         yield detector
         await detector.aclose()
