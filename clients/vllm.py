@@ -212,7 +212,16 @@ def _status_error(response: httpx.Response) -> UpstreamStatusError:
 
 def assistant_text_of(completion: dict[str, Any]) -> str:
     """The assistant's text of a non-streamed completion (reasoning and content, in order)."""
-    message = completion["choices"][0].get("message") or {}
+    return _choice_text(completion["choices"][0])
+
+
+def choice_texts(completion: dict[str, Any]) -> list[str]:
+    """The assistant's text of every choice of a non-streamed completion (`n` > 1), in index order."""
+    return [_choice_text(c) for c in sorted(completion.get("choices") or [], key=lambda c: c.get("index", 0))]
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    message = choice.get("message") or {}
     reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
     content = message.get("content") or ""
     return f"{reasoning}{content}" if not reasoning else f"{reasoning}\n{content}"

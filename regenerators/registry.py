@@ -8,9 +8,11 @@ from regenerators.base import Regenerator
 REGENERATORS = {"reflect": "rewrite the flagged step with the generator and the image (paper, Table 16)"}
 
 
-def build_regenerator(name: str, generator: VLLMClient, *, temperature: float, max_tokens: int) -> Regenerator:
+def build_regenerator(
+    name: str, generator: VLLMClient, *, temperature: float, max_tokens: int, samples: int = 1
+) -> Regenerator:
     if name == "reflect":
         from regenerators.reflect import ReflectRegenerator
 
-        return ReflectRegenerator(generator, temperature=temperature, max_tokens=max_tokens)
+        return ReflectRegenerator(generator, temperature=temperature, max_tokens=max_tokens, samples=samples)
     raise ValueError(f"unknown regenerator {name!r}; known: {', '.join(REGENERATORS)}")

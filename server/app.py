@@ -107,6 +107,7 @@ def create_app(
                 generator,
                 temperature=settings.regeneration_temperature,
                 max_tokens=settings.regeneration_max_tokens,
+                samples=settings.regeneration_samples,
             ),
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),

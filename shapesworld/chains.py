@@ -5,13 +5,15 @@ object in reading order), then reasoning that ends by mapping the conclusion to 
 
     <think>
     There are 2 objects in the image. There is a large red circle in the top left. There is a small
-    blue square in the centre. So the square is blue. Option C says blue.
+    blue square in the centre. So the square is blue. So the answer is blue C.
     </think>
 
     The answer is C.
 
-The "Option C says blue." step is there on purpose: a tiny model trained without it fails to learn
-the letter mapping. A chain is computed from a *belief* (a list of objects), so the same code gives the
+The "So the answer is blue C." step is there on purpose: the prompt lists each option as its text
+followed by its letter ("blue C"), so this step turns finding the letter into copying it (see
+`Question.prompt`); a tiny model trained without such a step fails to learn the letter mapping.
+A chain is computed from a *belief* (a list of objects), so the same code gives the
 reference chain (belief = truth) and hallucinated chains (belief = a perturbed truth, whose error then
 flows into the reasoning and possibly the answer). Steps are labelled against the truth.
 """
@@ -82,7 +84,7 @@ def reasoning_sentences(question: Question, objects: Sequence[WorldObject]) -> l
     letter = None if answer is None else question.letter_of(answer)
     if answer is None or letter is None:
         return None
-    return [*_conclusion(question, objects, answer), f"Option {letter} says {answer}."]
+    return [*_conclusion(question, objects, answer), f"So the answer is {answer} {letter}."]
 
 
 def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str) -> list[str]:

@@ -77,8 +77,18 @@ class Question:
 
     @property
     def prompt(self) -> str:
-        """The question as the model sees it: the text, then one line per option."""
-        lines = [self.text] + [f"{letter}. {option}" for letter, option in zip(LETTERS, self.options, strict=True)]
+        """The question as the model sees it: the text, then one line per option, its text first and
+        its letter after it ("- blue A"; the dash keeps the text's first word the same token, space
+        included, as where the chain repeats it).
+
+        Text before letter is for the tiny model: its chain ends "So the answer is blue A.", and
+        writing the letter is then copying the token that followed "blue" in the prompt (what an
+        induction head does). With the usual "A. blue" it had to look backwards from the text it
+        had concluded to the letter before it, and a 4-layer model trained on 93k samples never
+        learned that: it named the right option text in 63% of chains but that option's letter in
+        27%, so its answers stayed at chance.
+        """
+        lines = [self.text] + [f"- {option} {letter}" for letter, option in zip(LETTERS, self.options, strict=True)]
         return "\n".join(lines)
 
     def letter_of(self, answer_text: str) -> str | None:

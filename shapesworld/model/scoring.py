@@ -28,7 +28,7 @@ from shapesworld.questions import QTYPES
 from shapesworld.scenes import render
 
 _ANSWER = re.compile(r"The answer is ([A-D])\.")
-_OPTION = re.compile(r"Option ([A-D]) says (.+?)\.(?:\s|$)")
+_OPTION = re.compile(r"So the answer is (.+?) ([A-D])\.(?:\s|$)")
 _WELL_FORMED = re.compile(r"<think>\n[^\n]+\n</think>\n\nThe answer is [A-D]\.", re.DOTALL)
 
 
@@ -50,8 +50,8 @@ class ReplyScore:
     answer: str | None
     correct: bool
     well_formed: bool
-    # Where a wrong answer comes from: the option text the chain settles on ("Option X says Y": Y is the
-    # gold option's text), and whether its letter X is the letter of the option saying Y.
+    # Where a wrong answer comes from: the option text the chain settles on ("So the answer is Y X.": Y
+    # is the gold option's text), and whether its letter X is the letter of the option saying Y.
     option_text_correct: bool = False
     letter_matches_text: bool = False
 
@@ -72,7 +72,7 @@ def score_reply(item: Item, reply: str) -> ReplyScore:
     answers = _ANSWER.findall(reply)
     answer = answers[-1] if answers else None
     said = _OPTION.findall(reply)
-    letter, text = said[-1] if said else (None, None)
+    text, letter = said[-1] if said else (None, None)
     options = dict(zip("ABCD", item.question.options, strict=False))
     return ReplyScore(
         item_id=item.id,

@@ -31,7 +31,7 @@ def test_reference_chains_are_well_formed_and_reach_the_gold_letter(qtype, fixed
         chain = reference_chain(scene, question)
         _assert_well_formed(chain)
         assert chain.answer == question.gold_letter
-        assert chain.sentences[-1] == f"Option {question.gold_letter} says {question.gold_text}."
+        assert chain.sentences[-1] == f"So the answer is {question.gold_text} {question.gold_letter}."
         assert chain.sentences[: len(scene.objects) + 1] == perception_sentences(scene.objects)
         kinds = [s.kind for s in chain.steps]
         assert kinds == [PERCEPTION] * (len(scene.objects) + 1) + [REASONING] * (len(kinds) - len(scene.objects) - 1)

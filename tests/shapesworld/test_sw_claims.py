@@ -74,7 +74,7 @@ def test_chain_check_types_sentences_and_finds_the_first_unfaithful_one():
     first = scene.objects[0]
     wrong_colour = next(c for c in COLOURS if c != first.colour)
     bad = render_claim(ObjectClaim(Ref(first.shape, wrong_colour, first.size, first.row, first.col)))
-    chain = [truth[0], bad, *truth[2:], "So the answer must be near.", "Option A says 1.", "A cat sleeps."]
+    chain = [truth[0], bad, *truth[2:], "So the answer must be near.", "So the answer is 1 A.", "A cat sleeps."]
     check = check_chain_image(render(scene), chain)
     assert check.first_unfaithful == 1 and not check.faithful
     assert check.prefix == [truth[0]]

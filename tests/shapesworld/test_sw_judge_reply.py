@@ -13,7 +13,7 @@ CHAIN = [
     "There is a small red triangle in the top middle.",
     "There is a small green square in the top right.",
     "So the yellow object is a triangle.",
-    "Option B says triangle.",
+    "So the answer is triangle B.",
 ]
 
 

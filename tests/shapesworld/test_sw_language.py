@@ -71,6 +71,7 @@ def test_parse_variants(sentence, claim):
     [
         "So there are 2 circles in the image.",
         "Option C says 2.",
+        "So the answer is 2 C.",
         "The square is blue, which matches option C.",
         "The answer is C.",
         "Therefore the red circle is on the left.",

@@ -94,3 +94,48 @@ async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth
     record = labelled_record(items[0], replies[0][0], items[0].id)
     assert record["gold_answer"] == items[0].question.gold_letter and record["steps"]
     assert {s["kind"] for s in record["steps"]} <= {"perception", "reasoning"}
+
+
+async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any) -> None:
+    """vLLM honours `n` and the per-try seeds: a sampled try gets n rewrites, the same ones each time,
+    and the regenerator hands back neither the flagged sentence nor a rejected rewrite."""
+    from clients.vllm import VLLMClient, choice_texts
+    from detectors.base import ChainContext
+    from faithcore.types import Step, StepKind
+    from regenerators.prompts import build_regeneration_prompt
+    from regenerators.reflect import ReflectRegenerator
+    from shapesworld.dataset import generate_items
+    from shapesworld.model.corpus import HELDOUT_SEED, user_message
+    from shapesworld.model.evaluate import data_url
+
+    item = next(i for i in generate_items(HELDOUT_SEED, 20, hallucination_rate=1.0) if i.hallucination)
+    chain = item.chain
+    k = chain.first_unfaithful
+    assert k is not None
+    image = data_url(item.scene)
+    messages = [user_message(item.question.prompt, image)]
+    generator = VLLMClient(server.base_url)
+    prompt = build_regeneration_prompt(item.question.prompt, chain.sentences[:k], chain.sentences[k])
+    try:
+        body = {
+            "model": server.model,
+            "messages": [user_message(prompt, image)],
+            "max_tokens": 40,
+            "temperature": 0.8,
+            "n": 4,
+            "seed": 8,
+        }
+        first, again = [choice_texts(await generator.chat(body)) for _ in range(2)]
+        assert len(first) == 4 and first == again
+        regenerator = ReflectRegenerator(generator, temperature=0.8, max_tokens=40, samples=4)
+        step = Step(index=k, text=chain.sentences[k], raw=chain.sentences[k], kind=StepKind.PERCEPTION)
+        for attempt in (1, 2, 3):
+            ctx = ChainContext("r", server.model, messages, item.question.prompt, [])
+            candidate = await regenerator.regenerate(ctx, chain.sentences[:k], step, attempt)
+            assert candidate is None or (candidate != step.text and candidate not in step.rejected)
+            assert ctx.usage.completion_tokens > 0
+            if candidate is not None:
+                step.rejected.append(candidate)  # as the session does when the detector rejects it
+    finally:
+        await generator.aclose()
+

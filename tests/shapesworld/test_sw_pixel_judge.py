@@ -77,7 +77,7 @@ async def test_the_pixel_judge_finds_the_contradicted_sentence(detector: JudgeDe
     got = [v.faithfulness for v in verdicts]
     assert got[:wrong] == [F] * wrong and got[wrong] is U, (texts, got)
     assert all(v is N for v in got[wrong + 1 :])  # after the first unfaithful step nothing is judged
-    # The judge types sentences itself: the world's perception sentences, then "So ...", "Option X says ...".
+    # The judge types sentences itself: the world's perception sentences, then "So ..." reasoning.
     kinds = [StepKind.PERCEPTION if s.kind == "perception" else StepKind.REASONING for s in chain_steps(seed)]
     assert [v.kind for v in verdicts] == kinds
 

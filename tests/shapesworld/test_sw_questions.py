@@ -56,11 +56,11 @@ def test_question_is_a_function_of_scene_and_rng():
         assert make_question(scene, random.Random(4), qtype) == make_question(scene, random.Random(4), qtype)
 
 
-def test_prompt_lists_the_options_with_letters():
+def test_prompt_lists_each_option_text_then_its_letter():
     question = make_question(generate_scene(0, 1), random.Random(0), "count")
     lines = question.prompt.split("\n")
     assert lines[0] == question.text
-    assert lines[1:] == [f"{letter}. {option}" for letter, option in zip(LETTERS, question.options, strict=True)]
+    assert lines[1:] == [f"- {option} {letter}" for letter, option in zip(LETTERS, question.options, strict=True)]
 
 
 def test_existence_spec_lists_candidates_in_option_order(fixed_scenes):
