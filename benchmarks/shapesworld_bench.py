@@ -282,7 +282,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 async def run_all(
-    vllm_url: str, items: Sequence[Item], detectors: Sequence[str], concurrency: int, workdir: Path, max_retries: int
+    vllm_url: str,
+    items: Sequence[Item],
+    detectors: Sequence[str],
+    concurrency: int,
+    workdir: Path,
+    max_retries: int,
+    regeneration_samples: int | None = None,
 ) -> dict[str, Any]:
     from clients.judges import JudgeConfig
     from server.app import create_app
@@ -296,8 +302,9 @@ async def run_all(
     async with running_judge_server(create_judge_app(PixelJudge())) as judge_url:
         judge = JudgeConfig(name="pixels", backend="anthropic", model="shapesworld-pixel-judge", base_url=judge_url,
                             api_key="local", timeout_s=30, max_retries=0)  # fmt: skip
+        samples = {} if regeneration_samples is None else {"regeneration_samples": regeneration_samples}
         settings = Settings(upstream_url=vllm_url, judges=[judge], default_judge="pixels", trace_path=str(traces_path),
-                            max_retries=max_retries)  # fmt: skip
+                            max_retries=max_retries, **samples)  # fmt: skip
         async with running_app(create_app(settings)) as proxy_url:
             for detector in detectors:
                 started = time.monotonic()
@@ -310,16 +317,34 @@ async def run_all(
 
 
 def benchmark(
-    model_dir: Path, n: int, detectors: Sequence[str], concurrency: int, workdir: Path, max_retries: int
+    model_dir: Path,
+    n: int,
+    detectors: Sequence[str],
+    concurrency: int,
+    workdir: Path,
+    max_retries: int,
+    regeneration_samples: int | None = None,
 ) -> dict[str, Any]:
     from tinyvlm.serve import start_vllm
 
     items = heldout_items(n)
     workdir.mkdir(parents=True, exist_ok=True)
     with start_vllm(model_dir, served_model_name=SERVED_NAME, log_path=workdir / "vllm.log") as server:
-        raw = asyncio.run(run_all(server.base_url, items, detectors, concurrency, workdir, max_retries))
+        raw = asyncio.run(
+            run_all(server.base_url, items, detectors, concurrency, workdir, max_retries, regeneration_samples)
+        )
     vanilla = chain_scores(items, raw["vanilla_replies"]) | {"wall_s": round(raw["vanilla_wall_s"], 1)}
-    result: dict[str, Any] = {"n_chains": len(items), "model": str(model_dir), "vanilla": vanilla, "detectors": {}}
+    from server.settings import Settings
+
+    samples = regeneration_samples or Settings.model_fields["regeneration_samples"].default
+    result: dict[str, Any] = {
+        "n_chains": len(items),
+        "model": str(model_dir),
+        "max_retries": max_retries,
+        "regeneration_samples": samples,
+        "vanilla": vanilla,
+        "detectors": {},
+    }
     vanilla_records = [labelled_record(i, r, i.id) for i, r in zip(items, raw["vanilla_replies"], strict=True)]
     labelled = {"vanilla": vanilla_records}
     for detector in detectors:
@@ -356,6 +381,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detectors", default="judge,prompt", help="comma-separated detector names")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-retries", type=int, default=3, help="K: regeneration tries per unfaithful step")
+    parser.add_argument(
+        "--regeneration-samples", type=int, help="rewrites sampled per try (the proxy's REGENERATION_SAMPLES)"
+    )
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-shapesworld"), help="logs and traces")
     parser.add_argument("--out", type=Path, help="result JSON (a Markdown report goes next to it)")
     parser.add_argument("--labelled-dir", type=Path, help="write labelled chains (JSONL) per configuration here")
@@ -366,7 +394,11 @@ def main(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise SystemExit("--n must be at least 1")
     detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
-    result = benchmark(args.model, args.n, detectors, args.concurrency, args.workdir, args.max_retries)
+    if args.regeneration_samples is not None and args.regeneration_samples < 1:
+        raise SystemExit("--regeneration-samples must be at least 1")
+    result = benchmark(
+        args.model, args.n, detectors, args.concurrency, args.workdir, args.max_retries, args.regeneration_samples
+    )
     labelled = result.pop("labelled")
     result["command"] = "faithproxy bench shapesworld " + " ".join(
         f"--{k.replace('_', '-')} {_shown(v)}" for k, v in vars(args).items() if k in _OPTIONS and v is not None
@@ -390,7 +422,7 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-_OPTIONS = ("model", "n", "detectors", "concurrency", "max_retries", "out", "labelled_dir")
+_OPTIONS = ("model", "n", "detectors", "concurrency", "max_retries", "regeneration_samples", "out", "labelled_dir")
 
 
 if __name__ == "__main__":
