@@ -25,6 +25,10 @@ from shapesworld.scenes import Scene, render
 
 GENERATOR, REGENERATION, SELF_CHECK = "generator", "regeneration", "self_check"
 TASKS = (GENERATOR, REGENERATION, SELF_CHECK)
+# A training-only drill, not a skill the proxy uses: say the letter of each option, named in a given
+# order. It is the lookup at the end of every chain ("So the answer is blue" -> " A"), four times a
+# sample instead of once, under a prompt of its own so that it never competes with the chain.
+LETTERS = "letters"
 
 HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
 TOKENIZER_SEED = 998
@@ -61,6 +65,27 @@ def user_message(text: str, image_url: str | None = None) -> dict[str, Any]:
         }
     )
     return {"role": "user", "content": [image, {"type": "text", "text": text}]}
+
+
+def letters_seed(seed: int) -> int:
+    """Item seed of the letters drill: far above the tasks' seeds (1000 + 3 * seed + k)."""
+    if seed < 0:
+        raise ValueError("the training seed must be >= 0")
+    return 500_000 + seed
+
+
+def letters_sample(item: Item, rng: random.Random) -> Sample:
+    """The item's options in a shuffled order, each followed by its letter: "Letters: red B. blue A. ..."."""
+    order = list(item.question.options)
+    rng.shuffle(order)
+    text = f"{item.question.prompt}\nGive the letter of each of these options: {'; '.join(order)}."
+    said = " ".join(f"{option} {item.question.letter_of(option)}." for option in order)
+    return Sample(LETTERS, item.scene, text, f"Letters: {said}")
+
+
+def letters_stream(item_seed: int) -> Iterator[Sample]:
+    rng = random.Random(f"shapesworld-model:{item_seed}:{LETTERS}")
+    return (letters_sample(item, rng) for item in _items(item_seed, 0.0))
 
 
 def generator_sample(item: Item) -> Sample:

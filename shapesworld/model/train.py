@@ -37,10 +37,13 @@ from shapesworld.model import config as cfg
 from shapesworld.model.corpus import (
     GENERATOR,
     HELDOUT_SEED,
+    LETTERS,
     REGENERATION,
     SELF_CHECK,
     TASKS,
     Sample,
+    letters_seed,
+    letters_stream,
     shapesworld_tokenizer,
     stream,
     task_seed,
@@ -58,7 +61,9 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
-_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK}
+# From --letter-task-from on, 3 of the 14 generator steps in 20 become letter drills (corpus.LETTERS).
+CYCLE_WITH_LETTERS = "GLRGGSGLGRGGSGLRGGSG"
+_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS}
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
 
@@ -84,6 +89,10 @@ class RunConfig:
     # right option text in 55% of chains but that option's letter in 15%.
     letter_weight: float = 1.0
     letter_weight_from: int = 0
+    # The letters drill (corpus.LETTERS) joins the cycle after this step; None: never. The committed
+    # model's run added it at step 3300 (see README): by then the chains named the right option's
+    # letter no more often than chance.
+    letter_task_from: int | None = None
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -258,6 +267,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     n_params = cfg.count_parameters(model)
     heldout = HeldOut(run)
     streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
+    streams[LETTERS] = letters_stream(letters_seed(opts.seed))
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -281,7 +291,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     if opts.resume is not None:
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
-        _fast_forward(streams, step, run.batch_size)
+        _fast_forward(streams, step, run)
         if (out / "eval.json").is_file():  # resuming in the same folder: keep the earlier results
             earlier = json.loads((out / "eval.json").read_text())["checkpoints"]
             report["checkpoints"] = [e for e in earlier if e["step"] <= step]
@@ -294,13 +304,13 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     model.train()
     since_checkpoint = 0.0
     losses: dict[str, list[float]] = {
-        t: [] for t in (*TASKS, "probe", "probe_cells_right", "position_right", "letter_right")
+        t: [] for t in (*TASKS, LETTERS, "probe", "probe_cells_right", "position_right", "letter_right")
     }
     letter_ids = torch.tensor(tokenizer.convert_tokens_to_ids([f"\u0120{x}" for x in "ABCD"]))
     while True:
         step += 1
         tick = time.monotonic()
-        task = task_of_step(step)
+        task = task_of_step(step, run)
         samples_now = _take(streams[task], run.batch_size)
         batch = encode(processor, samples_now)
         for group in (*optimizer.param_groups, *position_optimizer.param_groups):
@@ -392,14 +402,16 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     return report
 
 
-def task_of_step(step: int) -> str:
-    return _TASK_OF[CYCLE[(step - 1) % len(CYCLE)]]
+def task_of_step(step: int, run: RunConfig) -> str:
+    with_letters = run.letter_task_from is not None and step > run.letter_task_from
+    cycle = CYCLE_WITH_LETTERS if with_letters else CYCLE
+    return _TASK_OF[cycle[(step - 1) % len(cycle)]]
 
 
-def _fast_forward(streams: dict[str, Any], steps: int, batch_size: int) -> None:
+def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
     """Skips the samples that steps 1..`steps` drew, so a resumed run sees what the whole run would."""
     for s in range(1, steps + 1):
-        _take(streams[task_of_step(s)], batch_size)
+        _take(streams[task_of_step(s, run)], run.batch_size)
 
 
 def _resume(
@@ -463,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--position-probe-from", type=int, default=0, help="step after which the position probe joins")
     parser.add_argument("--letter-weight", type=float, default=1.0, help="loss weight of option-letter tokens")
     parser.add_argument("--letter-weight-from", type=int, default=0, help="step after which --letter-weight applies")
+    parser.add_argument("--letter-task-from", type=int, help="step after which the letters drill joins the cycle")
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.
     parser.add_argument("--threads", type=int, default=1)
@@ -486,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         position_probe_from=args.position_probe_from,
         letter_weight=args.letter_weight,
         letter_weight_from=args.letter_weight_from,
+        letter_task_from=args.letter_task_from,
     )
     report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1

@@ -62,7 +62,9 @@ async def test_greedy_first_try_that_says_something_new_is_taken():
 async def test_greedy_repeat_of_the_flagged_sentence_falls_back_to_samples():
     upstream = ScriptedVLLM(
         completion(f"[{BAD}]"),
-        completion(f"[{BAD}]", "no brackets", "[There are 2 objects in the image.]", "[There are 3 objects in the image.]"),
+        completion(
+            f"[{BAD}]", "no brackets", "[There are 2 objects in the image.]", "[There are 3 objects in the image.]"
+        ),
     )
     result, ctx = await regenerate(upstream, attempt=1, samples=4)
     assert result == "There are 2 objects in the image."  # the first new one, in choice order

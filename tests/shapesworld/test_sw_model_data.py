@@ -8,9 +8,12 @@ from shapesworld.chains import hallucinated_chain, reference_chain
 from shapesworld.model.corpus import (
     GENERATOR,
     HELDOUT_SEED,
+    LETTERS,
     REGENERATION,
     SELF_CHECK,
     TASKS,
+    letters_seed,
+    letters_stream,
     stream,
     task_seed,
     tokenizer_texts,
@@ -38,6 +41,21 @@ def test_training_seeds_never_reach_the_heldout_or_tokenizer_seed():
     assert HELDOUT_SEED not in seeds
     with pytest.raises(ValueError):
         task_seed(-1, GENERATOR)
+
+
+def test_letters_drill_names_each_option_with_its_letter_under_its_own_prompt():
+    samples = list(itertools.islice(letters_stream(letters_seed(0)), 30))
+    assert samples == list(itertools.islice(letters_stream(letters_seed(0)), 30))
+    generator_prompts = {s.text for s in take(GENERATOR, 30)}
+    for sample in samples:
+        assert sample.task == LETTERS and sample.text not in generator_prompts
+        question, _, asked = sample.text.rpartition("\nGive the letter of each of these options: ")
+        order = asked.removesuffix(".").split("; ")
+        options = dict(line.removeprefix("- ").rsplit(" ", 1) for line in question.split("\n")[1:])
+        assert sorted(order) == sorted(options)
+        assert sample.target == "Letters: " + " ".join(f"{o} {options[o]}." for o in order)
+    seeds = {task_seed(seed, task) for seed in range(1000) for task in TASKS}
+    assert not seeds & {letters_seed(seed) for seed in range(1000)} and HELDOUT_SEED != letters_seed(0)
 
 
 def test_generator_targets_are_reference_chains_and_aux_targets_have_their_shape():
@@ -108,3 +126,15 @@ def test_auxiliary_replies_are_checked_against_the_scene():
     assert regeneration_ok(sample.scene, sample.target)
     assert not regeneration_ok(sample.scene, "no brackets")
     assert self_check_ok("FAITHFUL", "FAITHFUL") and not self_check_ok("UNFAITHFUL", "FAITHFUL")
+
+
+def test_letters_drill_joins_the_cycle_only_after_its_step():
+    pytest.importorskip("torch")
+    from shapesworld.model.train import RunConfig, task_of_step
+
+    before = [task_of_step(s, RunConfig()) for s in range(1, 41)]
+    assert LETTERS not in before and before.count(GENERATOR) == 28
+    run = RunConfig(letter_task_from=20)
+    assert [task_of_step(s, run) for s in range(1, 21)] == before[:20]  # a resumed run replays the same steps
+    after = [task_of_step(s, run) for s in range(21, 41)]
+    assert after.count(LETTERS) == 3 and after.count(REGENERATION) == 3 and after.count(SELF_CHECK) == 3

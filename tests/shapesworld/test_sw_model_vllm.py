@@ -138,4 +138,3 @@ async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any
                 step.rejected.append(candidate)  # as the session does when the detector rejects it
     finally:
         await generator.aclose()
-
