@@ -80,7 +80,7 @@ class Metrics:
         )
         self.regeneration_attempts = Counter(
             "faithproxy_regeneration_attempts_total",
-            "Regeneration tries by outcome.",
+            "Regeneration tries by outcome (unparseable: no bracketed rewrite, or nothing new).",
             ["outcome"],
             registry=registry,
         )
