@@ -90,8 +90,8 @@ class RunConfig:
     letter_weight: float = 1.0
     letter_weight_from: int = 0
     # The letters drill (corpus.LETTERS) joins the cycle after this step; None: never. The committed
-    # model's run added it at step 3300 (see README): by then the chains named the right option's
-    # letter no more often than chance.
+    # model's run added it when resumed at step 2437 (see README): by then its chains named the right
+    # option's letter no more often than chance.
     letter_task_from: int | None = None
 
 
