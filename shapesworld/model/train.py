@@ -61,8 +61,6 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
-# From --letter-task-from on, 3 of the 14 generator steps in 20 become letter drills (corpus.LETTERS).
-CYCLE_WITH_LETTERS = "GLRGGSGLGRGGSGLRGGSG"
 _TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS}
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
@@ -89,10 +87,11 @@ class RunConfig:
     # right option text in 55% of chains but that option's letter in 15%.
     letter_weight: float = 1.0
     letter_weight_from: int = 0
-    # The letters drill (corpus.LETTERS) joins the cycle after this step; None: never. The committed
-    # model's run added it when resumed at step 2437 (see README): by then its chains named the right
-    # option's letter no more often than chance.
-    letter_task_from: int | None = None
+    # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
+    # letters drill, corpus.LETTERS). The committed model's run brought the drill in when resumed at
+    # step 2437 and gave it more steps later (see README): its chains named the right option's letter
+    # no more often than chance.
+    cycles: tuple[tuple[int, str], ...] = ()
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -403,8 +402,10 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
 
 
 def task_of_step(step: int, run: RunConfig) -> str:
-    with_letters = run.letter_task_from is not None and step > run.letter_task_from
-    cycle = CYCLE_WITH_LETTERS if with_letters else CYCLE
+    cycle = CYCLE
+    for after, later in sorted(run.cycles):
+        if step > after:
+            cycle = later
     return _TASK_OF[cycle[(step - 1) % len(cycle)]]
 
 
@@ -462,6 +463,13 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+def _cycle(text: str) -> tuple[int, str]:
+    step, _, cycle = text.partition(":")
+    if not step.isdigit() or not cycle or set(cycle) - set(_TASK_OF):
+        raise argparse.ArgumentTypeError(f"expected STEP:CYCLE with CYCLE made of {''.join(_TASK_OF)}, got {text!r}")
+    return int(step), cycle
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -475,7 +483,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--position-probe-from", type=int, default=0, help="step after which the position probe joins")
     parser.add_argument("--letter-weight", type=float, default=1.0, help="loss weight of option-letter tokens")
     parser.add_argument("--letter-weight-from", type=int, default=0, help="step after which --letter-weight applies")
-    parser.add_argument("--letter-task-from", type=int, help="step after which the letters drill joins the cycle")
+    parser.add_argument(
+        "--cycle",
+        action="append",
+        type=_cycle,
+        default=[],
+        metavar="STEP:CYCLE",
+        help=f"after STEP, cycle through these tasks (G, R, S, L = letters drill; default {CYCLE}); repeatable",
+    )
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.
     parser.add_argument("--threads", type=int, default=1)
@@ -499,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         position_probe_from=args.position_probe_from,
         letter_weight=args.letter_weight,
         letter_weight_from=args.letter_weight_from,
-        letter_task_from=args.letter_task_from,
+        cycles=tuple(args.cycle),
     )
     report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1

@@ -128,13 +128,22 @@ def test_auxiliary_replies_are_checked_against_the_scene():
     assert self_check_ok("FAITHFUL", "FAITHFUL") and not self_check_ok("UNFAITHFUL", "FAITHFUL")
 
 
-def test_letters_drill_joins_the_cycle_only_after_its_step():
+def test_later_cycles_apply_only_after_their_step():
     pytest.importorskip("torch")
     from shapesworld.model.train import RunConfig, task_of_step
 
     before = [task_of_step(s, RunConfig()) for s in range(1, 41)]
     assert LETTERS not in before and before.count(GENERATOR) == 28
-    run = RunConfig(letter_task_from=20)
+    run = RunConfig(cycles=((40, "GGLL"), (20, "GLRGGSGLGRGGSGLRGGSG")))
     assert [task_of_step(s, run) for s in range(1, 21)] == before[:20]  # a resumed run replays the same steps
     after = [task_of_step(s, run) for s in range(21, 41)]
     assert after.count(LETTERS) == 3 and after.count(REGENERATION) == 3 and after.count(SELF_CHECK) == 3
+    assert [task_of_step(s, run) for s in range(41, 45)] == [GENERATOR, GENERATOR, LETTERS, LETTERS]
+
+
+def test_cycle_option_is_checked():
+    pytest.importorskip("torch")
+    from shapesworld.model.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", "unused", "--cycle", "12:GGX"])
