@@ -20,7 +20,7 @@ from pathlib import Path
 from shapesworld.chains import Chain, Hallucination, hallucinated_chain, reference_chain
 from shapesworld.examples import TextExample, regeneration_example, self_check_examples
 from shapesworld.export import image_filename, image_sha256, write_chains_jsonl
-from shapesworld.questions import QTYPES, Question, make_question
+from shapesworld.questions import QTYPES, NoQuestionError, Question, make_question
 from shapesworld.scenes import DEFAULT_SIZE, Scene, generate_scene
 
 
@@ -45,11 +45,23 @@ def generate_items(
     for i in range(start, start + count):
         rng = random.Random(f"shapesworld-item:{seed}:{i}")
         scene = generate_scene(seed, i, width=size)
-        qtype = qtypes[i % len(qtypes)]
-        question = make_question(scene, rng, qtype)
+        qtype, question = _question(scene, rng, qtypes, i)
         hallucination = hallucinated_chain(scene, question, rng) if rng.random() < hallucination_rate else None
         chain = hallucination.chain if hallucination is not None else reference_chain(scene, question)
         yield Item(f"sw-{seed}-{i}-{qtype}", scene, question, chain, hallucination)
+
+
+def _question(scene: Scene, rng: random.Random, qtypes: Sequence[str], i: int) -> tuple[str, Question]:
+    """Item i asks the i-th type of the cycle; in the rare scene where that type has no question with a
+    single answer (about 1 in 20,000), the next type that has one. Items that do get their own type are
+    exactly what they were before this fallback existed."""
+    for k in range(len(qtypes)):
+        qtype = qtypes[(i + k) % len(qtypes)]
+        try:
+            return qtype, make_question(scene, rng, qtype)
+        except NoQuestionError:
+            continue
+    raise NoQuestionError(f"no question of any type {tuple(qtypes)} fits scene {scene.seed}/{scene.index}")
 
 
 def item_examples(item: Item) -> list[TextExample]:

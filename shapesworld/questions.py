@@ -95,12 +95,18 @@ class Question:
         return LETTERS[self.options.index(answer_text)] if answer_text in self.options else None
 
 
+class NoQuestionError(ValueError):
+    """No template of the asked type has a single answer in this scene."""
+
+
 def make_question(scene: Scene, rng: random.Random, qtype: str) -> Question:
     """One question of `qtype` about the scene, with options shuffled by `rng`."""
     if qtype not in _BUILDERS:
         raise ValueError(f"unknown question type {qtype!r}; expected one of {QTYPES}")
     objects = [o.describe() for o in scene.objects]
     candidates = _BUILDERS[qtype](objects, rng)
+    if not candidates:  # e.g. spatial, when every object has a twin and no relation singles one out
+        raise NoQuestionError(f"no {qtype} question has a single answer in scene {scene.seed}/{scene.index}")
     text, spec, distractors = rng.choice(candidates)
     gold = solve(spec, objects)
     if gold is None or gold in distractors or len(set(distractors)) != 3:

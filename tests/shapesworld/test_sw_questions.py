@@ -73,3 +73,19 @@ def test_existence_spec_lists_candidates_in_option_order(fixed_scenes):
 def test_unknown_type_is_refused():
     with pytest.raises(ValueError, match="unknown question type"):
         make_question(generate_scene(0, 0), random.Random(0), "colours")
+
+
+def test_scene_without_a_spatial_question_gets_a_clear_error_and_the_item_the_next_type():
+    # Found by the training stream: two identical purple triangles and two identical red squares in a
+    # 2x2 block; every relation has two objects and no object can be named without its position.
+    from shapesworld.dataset import generate_items
+    from shapesworld.questions import NoQuestionError
+
+    seed, index = 500_000, 18_803
+    scene = generate_scene(seed, index)
+    with pytest.raises(NoQuestionError, match="no spatial question"):
+        make_question(scene, random.Random(f"shapesworld-item:{seed}:{index}"), "spatial")
+    (item,) = generate_items(seed, 1, start=index)
+    assert item.question.qtype == "comparison" and item.id == f"sw-{seed}-{index}-comparison"
+    (before,) = generate_items(seed, 1, start=index - 1)  # its neighbours keep their own type
+    assert before.question.qtype == "existence"
