@@ -3,11 +3,13 @@
 A try whose rewrite is the flagged sentence again, or a rewrite the detector already rejected, is a
 wasted detector call and a wasted try. Small models do this a lot: asked to recount, they recount to
 the same wrong number. So a sampled try asks vLLM for `samples` rewrites in one request (`n`) and
-takes the first one not seen yet; the detector still checks every candidate it is given.
+takes the one most of them agree on among those not seen yet (ties: the earliest), as in
+self-consistency decoding; the detector still checks every candidate it is given.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, ClassVar
 
 from clients.vllm import VLLMClient, choice_texts
@@ -43,22 +45,21 @@ class ReflectRegenerator(Regenerator):
             "stream": False,
         }
         if attempt == 1 or self.temperature <= 0:
-            candidate = await self._first_new(ctx, body | {"temperature": 0.0}, seen)
+            candidate = await self._most_agreed_new(ctx, body | {"temperature": 0.0}, seen)
             if candidate is not None or self.temperature <= 0:
                 return candidate
         # vLLM seeds the n samples of one request seed, seed + 1, ...: spacing the tries' seeds by n
         # keeps every sample of every try distinct and the whole retry sequence reproducible.
         sampled = {"temperature": self.temperature, "n": self.samples, "seed": attempt * self.samples}
-        return await self._first_new(ctx, body | sampled, seen)
+        return await self._most_agreed_new(ctx, body | sampled, seen)
 
-    async def _first_new(self, ctx: ChainContext, body: dict[str, Any], seen: set[str]) -> str | None:
+    async def _most_agreed_new(self, ctx: ChainContext, body: dict[str, Any], seen: set[str]) -> str | None:
         try:
             completion = await self.generator.chat(body)
         except UpstreamError as exc:
             raise RegenerationError(f"regeneration call failed: {exc.message}", code=exc.code) from exc
         ctx.usage.add(completion.get("usage"))
-        for text in choice_texts(completion):
-            sentence = parse_bracketed(text)
-            if sentence is not None and sentence.strip() not in seen:
-                return sentence
-        return None
+        votes = Counter(
+            sentence for sentence in map(parse_bracketed, choice_texts(completion)) if sentence and sentence not in seen
+        )
+        return max(votes, key=votes.__getitem__) if votes else None  # max keeps the earliest of a tie

@@ -81,8 +81,8 @@ class Settings(BaseSettings):
     # greedy retry of the same prompt would return the same sentence.
     regeneration_temperature: float = 0.8
     regeneration_max_tokens: int = 128
-    # Rewrites sampled per try (vLLM's `n`); the first one that is neither the flagged sentence nor a
-    # rejected rewrite is checked. 1 = the paper's one sample per try.
+    # Rewrites sampled per try (vLLM's `n`); of those that are neither the flagged sentence nor a
+    # rejected rewrite, the one most samples agree on is checked. 1 = the paper's one sample per try.
     regeneration_samples: int = Field(4, ge=1, le=16)
     # Safety valve: regenerations one request may trigger before unfaithful steps pass uncorrected.
     max_regenerations_per_request: int = 16

@@ -67,10 +67,17 @@ async def test_greedy_repeat_of_the_flagged_sentence_falls_back_to_samples():
         ),
     )
     result, ctx = await regenerate(upstream, attempt=1, samples=4)
-    assert result == "There are 2 objects in the image."  # the first new one, in choice order
+    assert result == "There are 2 objects in the image."  # new ones tie at one vote: the earliest
     sampled = upstream.bodies[1]
     assert (sampled["n"], sampled["temperature"], sampled["seed"]) == (4, 0.8, 4)
     assert ctx.usage.completion_tokens == 5 + 20  # both calls are accounted
+
+
+async def test_the_rewrite_most_samples_agree_on_is_taken():
+    two, three = "[There are 2 objects in the image.]", "[There are 3 objects in the image.]"
+    upstream = ScriptedVLLM(completion(two, f"[{BAD}]", three, f"[{BAD}]", three))
+    result, _ = await regenerate(upstream, attempt=2, samples=5)
+    assert result == "There are 3 objects in the image."  # 2 votes against 1; the repeats of BAD do not count
 
 
 async def test_rejected_rewrites_are_skipped_and_tries_get_disjoint_seeds():
