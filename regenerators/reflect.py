@@ -25,7 +25,7 @@ class ReflectRegenerator(Regenerator):
     name: ClassVar[str] = "reflect"
 
     def __init__(
-        self, generator: VLLMClient, *, temperature: float = 0.8, max_tokens: int = 128, samples: int = 4
+        self, generator: VLLMClient, *, temperature: float = 0.8, max_tokens: int = 128, samples: int = 8
     ) -> None:
         if samples < 1:
             raise ValueError("samples must be >= 1")

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     regeneration_max_tokens: int = 128
     # Rewrites sampled per try (vLLM's `n`); of those that are neither the flagged sentence nor a
     # rejected rewrite, the one most samples agree on is checked. 1 = the paper's one sample per try.
-    regeneration_samples: int = Field(4, ge=1, le=16)
+    regeneration_samples: int = Field(8, ge=1, le=16)
     # Safety valve: regenerations one request may trigger before unfaithful steps pass uncorrected.
     max_regenerations_per_request: int = 16
     # Most steps sent to the detector in one call when it lags behind decoding.

@@ -1,0 +1,69 @@
+"""Does a checkpoint find option letters? Teacher-forced letter accuracy on held-out samples.
+
+    python -m shapesworld.model.letter_lookup var/sw-train/checkpoints/step-006579 --n 40
+
+Two numbers tell the lookup apart from its shortcuts. In reference chains: how often the most likely
+letter after "So the answer is <text>" is that option's letter. In the letters drill
+(`corpus.LETTERS`): the same, by position in the answer — the first letter named can only come from
+the lookup, the last can also be had by elimination. Chance is 25%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream
+from shapesworld.model.scoring import heldout_items
+from shapesworld.model.train import encode
+
+
+def letter_hits(model: Any, processor: Any, samples: Iterable[Sample]) -> list[list[bool]]:
+    """Per sample, for each option-letter token of the target in order: is it the argmax?"""
+    letters = processor.tokenizer.convert_tokens_to_ids([f"\u0120{x}" for x in "ABCD"])
+    out = []
+    for sample in samples:
+        batch = encode(processor, [sample])
+        with torch.no_grad():
+            logits = model(**batch.tensors, use_cache=False).logits[0]
+        labels = batch.labels[0].tolist()
+        out.append([int(logits[i].argmax()) == t for i, t in enumerate(labels) if t in letters])
+    return out
+
+
+def measure(path: Path, n: int) -> dict[str, Any]:
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(path)
+    chains = letter_hits(model, processor, (generator_sample(i) for i in heldout_items(n)))
+    drills = letter_hits(model, processor, itertools.islice(letters_stream(HELDOUT_SEED), n))
+    # a chain's first letter token is the option letter; the second, after </think>, repeats it
+    return {
+        "checkpoint": str(path),
+        "chains": n,
+        "chain_option_letter_right": round(sum(h[0] for h in chains) / n, 4),
+        "drill_letter_right_by_position": [round(sum(h[k] for h in drills) / n, 4) for k in range(4)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--n", type=int, default=40, help="held-out chains and drills")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(json.dumps(measure(args.checkpoint, args.n)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
