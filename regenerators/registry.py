@@ -9,7 +9,7 @@ REGENERATORS = {"reflect": "rewrite the flagged step with the generator and the 
 
 
 def build_regenerator(
-    name: str, generator: VLLMClient, *, temperature: float, max_tokens: int, samples: int = 1
+    name: str, generator: VLLMClient, *, temperature: float, max_tokens: int, samples: int
 ) -> Regenerator:
     if name == "reflect":
         from regenerators.reflect import ReflectRegenerator

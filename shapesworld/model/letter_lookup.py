@@ -22,12 +22,12 @@ import torch
 
 from shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream
 from shapesworld.model.scoring import heldout_items
-from shapesworld.model.train import encode
+from shapesworld.model.train import encode, option_letter_ids
 
 
 def letter_hits(model: Any, processor: Any, samples: Iterable[Sample]) -> list[list[bool]]:
     """Per sample, for each option-letter token of the target in order: is it the argmax?"""
-    letters = processor.tokenizer.convert_tokens_to_ids([f"\u0120{x}" for x in "ABCD"])
+    letters = option_letter_ids(processor.tokenizer)
     out = []
     for sample in samples:
         batch = encode(processor, [sample])

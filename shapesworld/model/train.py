@@ -305,7 +305,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     losses: dict[str, list[float]] = {
         t: [] for t in (*TASKS, LETTERS, "probe", "probe_cells_right", "position_right", "letter_right")
     }
-    letter_ids = torch.tensor(tokenizer.convert_tokens_to_ids([f"\u0120{x}" for x in "ABCD"]))
+    letter_ids = torch.tensor(option_letter_ids(tokenizer))
     while True:
         step += 1
         tick = time.monotonic()
@@ -399,6 +399,11 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     _write_json(out / "eval.json", report)
     print(f"final = {chosen['name']} ({json.dumps(chosen['heldout'])})", flush=True)
     return report
+
+
+def option_letter_ids(tokenizer: Any) -> list[int]:
+    """Token ids of " A" .. " D", the option letters as chains and drills write them."""
+    return tokenizer.convert_tokens_to_ids([f"\u0120{x}" for x in "ABCD"])
 
 
 def task_of_step(step: int, run: RunConfig) -> str:
