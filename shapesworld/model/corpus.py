@@ -29,6 +29,10 @@ TASKS = (GENERATOR, REGENERATION, SELF_CHECK)
 # order. It is the lookup at the end of every chain ("So the answer is blue" -> " A"), four times a
 # sample instead of once, under a prompt of its own so that it never competes with the chain.
 LETTERS = "letters"
+# A second drill, for the shortcut the first one allowed: there each option is named once, so the
+# last letter follows by elimination and the model learned that instead of the lookup. Here four
+# options are drawn with replacement, so only finding each in the prompt gives its letter.
+LOOKUP = "lookup"
 
 HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
 TOKENIZER_SEED = 998
@@ -81,6 +85,26 @@ def letters_sample(item: Item, rng: random.Random) -> Sample:
     text = f"{item.question.prompt}\nGive the letter of each of these options: {'; '.join(order)}."
     said = " ".join(f"{option} {item.question.letter_of(option)}." for option in order)
     return Sample(LETTERS, item.scene, text, f"Letters: {said}")
+
+
+def lookup_seed(seed: int) -> int:
+    """Item seed of the lookup drill: above the letters drill's (500_000 + seed)."""
+    if seed < 0:
+        raise ValueError("the training seed must be >= 0")
+    return 700_000 + seed
+
+
+def lookup_sample(item: Item, rng: random.Random, asks: int = 4) -> Sample:
+    """`asks` options drawn with replacement, each followed by its letter: "Found: red B. red B. blue A. ..."."""
+    drawn = [rng.choice(item.question.options) for _ in range(asks)]
+    text = f"{item.question.prompt}\nLook up the letter of: {'; '.join(drawn)}."
+    said = " ".join(f"{option} {item.question.letter_of(option)}." for option in drawn)
+    return Sample(LOOKUP, item.scene, text, f"Found: {said}")
+
+
+def lookup_stream(item_seed: int) -> Iterator[Sample]:
+    rng = random.Random(f"shapesworld-model:{item_seed}:{LOOKUP}")
+    return (lookup_sample(item, rng) for item in _items(item_seed, 0.0))
 
 
 def letters_stream(item_seed: int) -> Iterator[Sample]:

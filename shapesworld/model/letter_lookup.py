@@ -5,7 +5,8 @@
 Two numbers tell the lookup apart from its shortcuts. In reference chains: how often the most likely
 letter after "So the answer is <text>" is that option's letter. In the letters drill
 (`corpus.LETTERS`): the same, by position in the answer — the first letter named can only come from
-the lookup, the last can also be had by elimination. Chance is 25%.
+the lookup, the last can also be had by elimination. In the lookup drill (`corpus.LOOKUP`), whose options are
+drawn with replacement, no position can be had by elimination. Chance is 25%.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream
+from shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream, lookup_stream
 from shapesworld.model.scoring import heldout_items
 from shapesworld.model.train import encode, option_letter_ids
 
@@ -45,12 +46,14 @@ def measure(path: Path, n: int) -> dict[str, Any]:
     processor = AutoProcessor.from_pretrained(path)
     chains = letter_hits(model, processor, (generator_sample(i) for i in heldout_items(n)))
     drills = letter_hits(model, processor, itertools.islice(letters_stream(HELDOUT_SEED), n))
+    lookups = letter_hits(model, processor, itertools.islice(lookup_stream(HELDOUT_SEED), n))
     # a chain's first letter token is the option letter; the second, after </think>, repeats it
     return {
         "checkpoint": str(path),
         "chains": n,
         "chain_option_letter_right": round(sum(h[0] for h in chains) / n, 4),
         "drill_letter_right_by_position": [round(sum(h[k] for h in drills) / n, 4) for k in range(4)],
+        "lookup_letter_right_by_position": [round(sum(h[k] for h in lookups) / n, 4) for k in range(4)],
     }
 
 

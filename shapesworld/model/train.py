@@ -38,12 +38,15 @@ from shapesworld.model.corpus import (
     GENERATOR,
     HELDOUT_SEED,
     LETTERS,
+    LOOKUP,
     REGENERATION,
     SELF_CHECK,
     TASKS,
     Sample,
     letters_seed,
     letters_stream,
+    lookup_seed,
+    lookup_stream,
     shapesworld_tokenizer,
     stream,
     task_seed,
@@ -61,7 +64,7 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
-_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS}
+_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS, "O": LOOKUP}
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
 
@@ -267,6 +270,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     heldout = HeldOut(run)
     streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
     streams[LETTERS] = letters_stream(letters_seed(opts.seed))
+    streams[LOOKUP] = lookup_stream(lookup_seed(opts.seed))
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -303,7 +307,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     model.train()
     since_checkpoint = 0.0
     losses: dict[str, list[float]] = {
-        t: [] for t in (*TASKS, LETTERS, "probe", "probe_cells_right", "position_right", "letter_right")
+        t: [] for t in (*TASKS, LETTERS, LOOKUP, "probe", "probe_cells_right", "position_right", "letter_right")
     }
     letter_ids = torch.tensor(option_letter_ids(tokenizer))
     while True:
@@ -494,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_cycle,
         default=[],
         metavar="STEP:CYCLE",
-        help=f"after STEP, cycle through these tasks (G, R, S, L = letters drill; default {CYCLE}); repeatable",
+        help=f"after STEP, cycle through these tasks (G, R, S; L, O = letters, lookup drill; default {CYCLE}); repeatable",
     )
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.

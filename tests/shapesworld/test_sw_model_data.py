@@ -9,11 +9,14 @@ from shapesworld.model.corpus import (
     GENERATOR,
     HELDOUT_SEED,
     LETTERS,
+    LOOKUP,
     REGENERATION,
     SELF_CHECK,
     TASKS,
     letters_seed,
     letters_stream,
+    lookup_seed,
+    lookup_stream,
     stream,
     task_seed,
     tokenizer_texts,
@@ -56,6 +59,25 @@ def test_letters_drill_names_each_option_with_its_letter_under_its_own_prompt():
         assert sample.target == "Letters: " + " ".join(f"{o} {options[o]}." for o in order)
     seeds = {task_seed(seed, task) for seed in range(1000) for task in TASKS}
     assert not seeds & {letters_seed(seed) for seed in range(1000)} and HELDOUT_SEED != letters_seed(0)
+
+
+def test_lookup_drill_draws_options_with_replacement_and_names_their_letters():
+    samples = list(itertools.islice(lookup_stream(lookup_seed(0)), 60))
+    assert samples == list(itertools.islice(lookup_stream(lookup_seed(0)), 60))
+    repeats = 0
+    for sample in samples:
+        assert sample.task == LOOKUP
+        question, _, asked = sample.text.rpartition("\nLook up the letter of: ")
+        drawn = asked.removesuffix(".").split("; ")
+        options = dict(line.removeprefix("- ").rsplit(" ", 1) for line in question.split("\n")[1:])
+        assert len(drawn) == 4 and set(drawn) <= set(options)
+        assert sample.target == "Found: " + " ".join(f"{o} {options[o]}." for o in drawn)
+        repeats += len(set(drawn)) < 4
+    assert repeats > 30  # with replacement, most draws repeat an option: no elimination
+    drills = {letters_seed(seed) for seed in range(1000)} | {task_seed(seed, t) for seed in range(1000) for t in TASKS}
+    assert not drills & {lookup_seed(seed) for seed in range(1000)} and HELDOUT_SEED != lookup_seed(0)
+    with pytest.raises(ValueError):
+        lookup_seed(-1)
 
 
 def test_generator_targets_are_reference_chains_and_aux_targets_have_their_shape():

@@ -43,16 +43,18 @@ def test_answers_heldout_scenes_with_well_formed_chains(model_and_processor):
     assert all(s.well_formed and s.perception_steps >= 2 for s in scores), [s.reply for s in scores]
 
 
-def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill(model_and_processor):
+def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill_and_lookup(model_and_processor):
     """The diagnostic behind the README's letter figures counts the letter tokens it means to."""
     import itertools
 
-    from shapesworld.model.corpus import HELDOUT_SEED, generator_sample, letters_stream
+    from shapesworld.model.corpus import HELDOUT_SEED, generator_sample, letters_stream, lookup_stream
     from shapesworld.model.letter_lookup import letter_hits
     from shapesworld.model.scoring import heldout_items
 
     model, processor = model_and_processor
     chains = letter_hits(model, processor, [generator_sample(i) for i in heldout_items(3)])
     drills = letter_hits(model, processor, itertools.islice(letters_stream(HELDOUT_SEED), 3))
+    lookups = letter_hits(model, processor, itertools.islice(lookup_stream(HELDOUT_SEED), 3))
     assert [len(h) for h in chains] == [2, 2, 2] and [len(h) for h in drills] == [4, 4, 4]
+    assert [len(h) for h in lookups] == [4, 4, 4]
     assert all(chain[1] for chain in chains)  # "The answer is X." after </think> repeats the chain's letter
