@@ -91,9 +91,10 @@ class RunConfig:
     letter_weight: float = 1.0
     letter_weight_from: int = 0
     # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
-    # letters drill, corpus.LETTERS). The committed model's run brought the drill in when resumed at
-    # step 2437 and gave it more steps later (see README): its chains named the right option's letter
-    # no more often than chance.
+    # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP). The committed model's run
+    # brought L in at step 2437, but the model answered it by elimination and its chains named the
+    # right option's letter no more often than chance; 1,400 steps of O alone (from step 6579) built
+    # the lookup, and a mixed cycle from step 8000 carried it into the chains (see README).
     cycles: tuple[tuple[int, str], ...] = ()
 
 
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_cycle,
         default=[],
         metavar="STEP:CYCLE",
-        help=f"after STEP, cycle through these tasks (G, R, S; L, O = letters, lookup drill; default {CYCLE}); repeatable",
+        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O; default {CYCLE}); repeatable",
     )
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.
