@@ -74,3 +74,27 @@ def test_resuming_a_checkpoint_continues_the_same_run(smoke_run: Path, tmp_path:
     name = "checkpoints/step-000006/model.safetensors"
     assert (tmp_path / name).read_bytes() == (smoke_run / name).read_bytes()
     assert not (smoke_run / "final" / "trainer_state.pt").exists()
+
+
+def test_mask_before_drops_each_rows_reply_up_to_the_token():
+    import torch
+
+    from shapesworld.model.train import IGNORE, mask_before
+
+    i = IGNORE
+    labels = torch.tensor([[i, i, 5, 6, 9, 7, 9, i], [i, 5, 6, 7, 8, i, i, i], [i, i, i, 9, 4, i, i, i]])
+    assert mask_before(labels, 9).tolist() == [
+        [i, i, i, i, 9, 7, 9, i],  # up to the first 9 only
+        [i, 5, 6, 7, 8, i, i, i],  # no 9: the whole reply still counts
+        [i, i, i, 9, 4, i, i, i],  # the reply starts with 9: nothing to drop
+    ]
+    assert labels[0, 2] == 5  # the input is not changed
+
+
+def test_lookup_drill_and_reasoning_only_chains_run(tmp_path: Path):
+    """Every step of the cycle below is a chain (G) or the lookup drill (O); after step 2 the chains
+    learn only from their first "So" on."""
+    run_train(tmp_path, "--seed", "0", "--max-steps", "4", "--cycle", "0:GO", "--perception-loss-until", "2")
+    log = (tmp_path / "eval.json").read_text()
+    assert "--perception-loss-until 2" in json.loads(log)["command"]
+    assert (tmp_path / "final" / "model.safetensors").is_file()
