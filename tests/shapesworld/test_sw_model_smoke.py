@@ -76,25 +76,28 @@ def test_resuming_a_checkpoint_continues_the_same_run(smoke_run: Path, tmp_path:
     assert not (smoke_run / "final" / "trainer_state.pt").exists()
 
 
-def test_mask_before_drops_each_rows_reply_up_to_the_token():
+def test_reply_before_marks_each_rows_reply_up_to_the_token():
     import torch
 
-    from shapesworld.model.train import IGNORE, mask_before
+    from shapesworld.model.train import IGNORE, reply_before
 
     i = IGNORE
     labels = torch.tensor([[i, i, 5, 6, 9, 7, 9, i], [i, 5, 6, 7, 8, i, i, i], [i, i, i, 9, 4, i, i, i]])
-    assert mask_before(labels, 9).tolist() == [
-        [i, i, i, i, 9, 7, 9, i],  # up to the first 9 only
-        [i, 5, 6, 7, 8, i, i, i],  # no 9: the whole reply still counts
-        [i, i, i, 9, 4, i, i, i],  # the reply starts with 9: nothing to drop
+    o, x = False, True
+    assert reply_before(labels, 9).tolist() == [
+        [o, o, x, x, o, o, o, o],  # up to the first 9 only
+        [o, o, o, o, o, o, o, o],  # no 9: nothing marked
+        [o, o, o, o, o, o, o, o],  # the reply starts with 9
     ]
-    assert labels[0, 2] == 5  # the input is not changed
 
 
-def test_lookup_drill_and_reasoning_only_chains_run(tmp_path: Path):
-    """Every step of the cycle below is a chain (G) or the lookup drill (O); after step 2 the chains
-    learn only from their first "So" on."""
-    run_train(tmp_path, "--seed", "0", "--max-steps", "4", "--cycle", "0:GO", "--perception-loss-until", "2")
+def test_lookup_drill_and_down_weighted_perception_run(tmp_path: Path):
+    """Every step of the cycle below is a chain (G) or the lookup drill (O); after step 2 the chains'
+    perception sentences weigh 0.3 in the loss."""
+    run_train(
+        tmp_path, "--seed", "0", "--max-steps", "4", "--cycle", "0:GO", "--perception-weight", "0.3",
+        "--perception-weight-from", "2",
+    )  # fmt: skip
     log = (tmp_path / "eval.json").read_text()
-    assert "--perception-loss-until 2" in json.loads(log)["command"]
+    assert "--perception-weight 0.3" in json.loads(log)["command"]
     assert (tmp_path / "final" / "model.safetensors").is_file()
