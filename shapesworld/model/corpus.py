@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PIL import Image
@@ -33,6 +33,10 @@ LETTERS = "letters"
 # last letter follows by elimination and the model learned that instead of the lookup. Here four
 # options are drawn with replacement, so only finding each in the prompt gives its letter.
 LOOKUP = "lookup"
+# A third: reference chains whose loss is their option letters only. The lookup drill taught the
+# lookup with one distractor per word; in a chain the option's word also fills the perception and
+# reasoning sentences, and there the lookup stayed near chance for attribute and existence questions.
+ANSWER = "answer"
 
 HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
 TOKENIZER_SEED = 998
@@ -105,6 +109,18 @@ def lookup_sample(item: Item, rng: random.Random, asks: int = 4) -> Sample:
 def lookup_stream(item_seed: int) -> Iterator[Sample]:
     rng = random.Random(f"shapesworld-model:{item_seed}:{LOOKUP}")
     return (lookup_sample(item, rng) for item in _items(item_seed, 0.0))
+
+
+def answer_seed(seed: int) -> int:
+    """Item seed of the answer drill: above the lookup drill's (700_000 + seed)."""
+    if seed < 0:
+        raise ValueError("the training seed must be >= 0")
+    return 800_000 + seed
+
+
+def answer_stream(item_seed: int) -> Iterator[Sample]:
+    """Generator samples under the task name ANSWER (the trainer weighs only their letters)."""
+    return (replace(generator_sample(item), task=ANSWER) for item in _items(item_seed, 0.0))
 
 
 def letters_stream(item_seed: int) -> Iterator[Sample]:

@@ -35,6 +35,7 @@ import torch
 
 from shapesworld.model import config as cfg
 from shapesworld.model.corpus import (
+    ANSWER,
     GENERATOR,
     HELDOUT_SEED,
     LETTERS,
@@ -43,6 +44,8 @@ from shapesworld.model.corpus import (
     SELF_CHECK,
     TASKS,
     Sample,
+    answer_seed,
+    answer_stream,
     letters_seed,
     letters_stream,
     lookup_seed,
@@ -64,7 +67,7 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
-_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS, "O": LOOKUP}
+_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS, "O": LOOKUP, "N": ANSWER}
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
 
@@ -292,6 +295,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
     streams[LETTERS] = letters_stream(letters_seed(opts.seed))
     streams[LOOKUP] = lookup_stream(lookup_seed(opts.seed))
+    streams[ANSWER] = answer_stream(answer_seed(opts.seed))
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -328,7 +332,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     model.train()
     since_checkpoint = 0.0
     losses: dict[str, list[float]] = {
-        t: [] for t in (*TASKS, LETTERS, LOOKUP, "probe", "probe_cells_right", "position_right", "letter_right")
+        t: [] for t in (*TASKS, LETTERS, LOOKUP, ANSWER, "probe", "probe_cells_right", "position_right", "letter_right")
     }
     letter_ids = torch.tensor(option_letter_ids(tokenizer))
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")  # every reasoning sentence starts "So"
@@ -348,6 +352,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
         weights = torch.ones_like(token_loss)
         if run.letter_weight != 1.0 and step > run.letter_weight_from:
             weights[is_letter] = run.letter_weight
+        if task == ANSWER:  # the drill of chains' letters: nothing else counts
+            weights = is_letter.float()
         if task == GENERATOR and run.perception_weight != 1.0 and step > run.perception_weight_from:
             weights[reply_before(batch.labels, so_id)[mask]] = run.perception_weight
         loss = (token_loss * weights).sum() / weights.sum()
@@ -527,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_cycle,
         default=[],
         metavar="STEP:CYCLE",
-        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O; default {CYCLE}); repeatable",
+        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N; default {CYCLE}); repeatable",
     )
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.

@@ -1,11 +1,14 @@
 """The ShapesWorld model's training data, held-out set and scoring (no torch needed)."""
 
+import dataclasses
 import itertools
 
 import pytest
 
 from shapesworld.chains import hallucinated_chain, reference_chain
+from shapesworld.dataset import generate_items
 from shapesworld.model.corpus import (
+    ANSWER,
     GENERATOR,
     HELDOUT_SEED,
     LETTERS,
@@ -13,6 +16,9 @@ from shapesworld.model.corpus import (
     REGENERATION,
     SELF_CHECK,
     TASKS,
+    answer_seed,
+    answer_stream,
+    generator_sample,
     letters_seed,
     letters_stream,
     lookup_seed,
@@ -78,6 +84,15 @@ def test_lookup_drill_draws_options_with_replacement_and_names_their_letters():
     assert not drills & {lookup_seed(seed) for seed in range(1000)} and HELDOUT_SEED != lookup_seed(0)
     with pytest.raises(ValueError):
         lookup_seed(-1)
+
+
+def test_answer_drill_is_reference_chains_of_its_own_items():
+    samples = list(itertools.islice(answer_stream(answer_seed(0)), 10))
+    items = itertools.islice(generate_items(answer_seed(0), 10), 10)
+    assert samples == [dataclasses.replace(generator_sample(item), task=ANSWER) for item in items]
+    others = {lookup_seed(s) for s in range(1000)} | {letters_seed(s) for s in range(1000)}
+    others |= {task_seed(s, t) for s in range(1000) for t in TASKS}
+    assert not others & {answer_seed(s) for s in range(1000)} and HELDOUT_SEED != answer_seed(0)
 
 
 def test_generator_targets_are_reference_chains_and_aux_targets_have_their_shape():

@@ -92,10 +92,10 @@ def test_reply_before_marks_each_rows_reply_up_to_the_token():
 
 
 def test_lookup_drill_and_down_weighted_perception_run(tmp_path: Path):
-    """Every step of the cycle below is a chain (G) or the lookup drill (O); after step 2 the chains'
-    perception sentences weigh 0.3 in the loss."""
+    """The steps of the cycle below are a chain (G), the lookup drill (O) and the answer drill (N);
+    after step 2 the chains' perception sentences weigh 0.3 in the loss."""
     run_train(
-        tmp_path, "--seed", "0", "--max-steps", "4", "--cycle", "0:GO", "--perception-weight", "0.3",
+        tmp_path, "--seed", "0", "--max-steps", "4", "--cycle", "0:GON", "--perception-weight", "0.3",
         "--perception-weight-from", "2",
     )  # fmt: skip
     log = (tmp_path / "eval.json").read_text()
