@@ -75,11 +75,15 @@ def user_message(text: str, image_url: str | None = None) -> dict[str, Any]:
     return {"role": "user", "content": [image, {"type": "text", "text": text}]}
 
 
-def letters_seed(seed: int) -> int:
-    """Item seed of the letters drill: far above the tasks' seeds (1000 + 3 * seed + k)."""
+# Item seeds of the drills are far above the tasks' (1000 + 3 * seed + k) and apart from each other.
+_DRILL_SEED_BASE = {LETTERS: 500_000, LOOKUP: 700_000, ANSWER: 800_000}
+
+
+def drill_seed(seed: int, drill: str) -> int:
+    """Item seed of a drill (LETTERS, LOOKUP or ANSWER) in the run of training seed `seed`."""
     if seed < 0:
         raise ValueError("the training seed must be >= 0")
-    return 500_000 + seed
+    return _DRILL_SEED_BASE[drill] + seed
 
 
 def letters_sample(item: Item, rng: random.Random) -> Sample:
@@ -89,13 +93,6 @@ def letters_sample(item: Item, rng: random.Random) -> Sample:
     text = f"{item.question.prompt}\nGive the letter of each of these options: {'; '.join(order)}."
     said = " ".join(f"{option} {item.question.letter_of(option)}." for option in order)
     return Sample(LETTERS, item.scene, text, f"Letters: {said}")
-
-
-def lookup_seed(seed: int) -> int:
-    """Item seed of the lookup drill: above the letters drill's (500_000 + seed)."""
-    if seed < 0:
-        raise ValueError("the training seed must be >= 0")
-    return 700_000 + seed
 
 
 def lookup_sample(item: Item, rng: random.Random, asks: int = 4) -> Sample:
@@ -109,13 +106,6 @@ def lookup_sample(item: Item, rng: random.Random, asks: int = 4) -> Sample:
 def lookup_stream(item_seed: int) -> Iterator[Sample]:
     rng = random.Random(f"shapesworld-model:{item_seed}:{LOOKUP}")
     return (lookup_sample(item, rng) for item in _items(item_seed, 0.0))
-
-
-def answer_seed(seed: int) -> int:
-    """Item seed of the answer drill: above the lookup drill's (700_000 + seed)."""
-    if seed < 0:
-        raise ValueError("the training seed must be >= 0")
-    return 800_000 + seed
 
 
 def answer_stream(item_seed: int) -> Iterator[Sample]:

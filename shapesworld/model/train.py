@@ -45,11 +45,9 @@ from shapesworld.model.corpus import (
     SELF_CHECK,
     TASKS,
     Sample,
-    answer_seed,
     answer_stream,
-    letters_seed,
+    drill_seed,
     letters_stream,
-    lookup_seed,
     lookup_stream,
     shapesworld_tokenizer,
     stream,
@@ -295,9 +293,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     n_params = cfg.count_parameters(model)
     heldout = HeldOut(run)
     streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
-    streams[LETTERS] = letters_stream(letters_seed(opts.seed))
-    streams[LOOKUP] = lookup_stream(lookup_seed(opts.seed))
-    streams[ANSWER] = answer_stream(answer_seed(opts.seed))
+    for drill, drill_stream in ((LETTERS, letters_stream), (LOOKUP, lookup_stream), (ANSWER, answer_stream)):
+        streams[drill] = drill_stream(drill_seed(opts.seed, drill))
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(

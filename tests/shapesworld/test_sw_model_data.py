@@ -16,12 +16,10 @@ from shapesworld.model.corpus import (
     REGENERATION,
     SELF_CHECK,
     TASKS,
-    answer_seed,
     answer_stream,
+    drill_seed,
     generator_sample,
-    letters_seed,
     letters_stream,
-    lookup_seed,
     lookup_stream,
     stream,
     task_seed,
@@ -53,8 +51,8 @@ def test_training_seeds_never_reach_the_heldout_or_tokenizer_seed():
 
 
 def test_letters_drill_names_each_option_with_its_letter_under_its_own_prompt():
-    samples = list(itertools.islice(letters_stream(letters_seed(0)), 30))
-    assert samples == list(itertools.islice(letters_stream(letters_seed(0)), 30))
+    samples = list(itertools.islice(letters_stream(drill_seed(0, LETTERS)), 30))
+    assert samples == list(itertools.islice(letters_stream(drill_seed(0, LETTERS)), 30))
     generator_prompts = {s.text for s in take(GENERATOR, 30)}
     for sample in samples:
         assert sample.task == LETTERS and sample.text not in generator_prompts
@@ -63,13 +61,11 @@ def test_letters_drill_names_each_option_with_its_letter_under_its_own_prompt():
         options = dict(line.removeprefix("- ").rsplit(" ", 1) for line in question.split("\n")[1:])
         assert sorted(order) == sorted(options)
         assert sample.target == "Letters: " + " ".join(f"{o} {options[o]}." for o in order)
-    seeds = {task_seed(seed, task) for seed in range(1000) for task in TASKS}
-    assert not seeds & {letters_seed(seed) for seed in range(1000)} and HELDOUT_SEED != letters_seed(0)
 
 
 def test_lookup_drill_draws_options_with_replacement_and_names_their_letters():
-    samples = list(itertools.islice(lookup_stream(lookup_seed(0)), 60))
-    assert samples == list(itertools.islice(lookup_stream(lookup_seed(0)), 60))
+    samples = list(itertools.islice(lookup_stream(drill_seed(0, LOOKUP)), 60))
+    assert samples == list(itertools.islice(lookup_stream(drill_seed(0, LOOKUP)), 60))
     repeats = 0
     for sample in samples:
         assert sample.task == LOOKUP
@@ -80,19 +76,20 @@ def test_lookup_drill_draws_options_with_replacement_and_names_their_letters():
         assert sample.target == "Found: " + " ".join(f"{o} {options[o]}." for o in drawn)
         repeats += len(set(drawn)) < 4
     assert repeats > 30  # with replacement, most draws repeat an option: no elimination
-    drills = {letters_seed(seed) for seed in range(1000)} | {task_seed(seed, t) for seed in range(1000) for t in TASKS}
-    assert not drills & {lookup_seed(seed) for seed in range(1000)} and HELDOUT_SEED != lookup_seed(0)
-    with pytest.raises(ValueError):
-        lookup_seed(-1)
 
 
 def test_answer_drill_is_reference_chains_of_its_own_items():
-    samples = list(itertools.islice(answer_stream(answer_seed(0)), 10))
-    items = itertools.islice(generate_items(answer_seed(0), 10), 10)
+    samples = list(itertools.islice(answer_stream(drill_seed(0, ANSWER)), 10))
+    items = itertools.islice(generate_items(drill_seed(0, ANSWER), 10), 10)
     assert samples == [dataclasses.replace(generator_sample(item), task=ANSWER) for item in items]
-    others = {lookup_seed(s) for s in range(1000)} | {letters_seed(s) for s in range(1000)}
-    others |= {task_seed(s, t) for s in range(1000) for t in TASKS}
-    assert not others & {answer_seed(s) for s in range(1000)} and HELDOUT_SEED != answer_seed(0)
+
+
+def test_drill_seeds_never_meet_each_other_the_tasks_or_the_heldout_seed():
+    seeds = [{task_seed(s, t) for s in range(1000)} for t in TASKS]
+    seeds += [{drill_seed(s, d) for s in range(1000)} for d in (LETTERS, LOOKUP, ANSWER)]
+    assert len(set().union(*seeds)) == 6000 and HELDOUT_SEED not in set().union(*seeds)
+    with pytest.raises(ValueError):
+        drill_seed(-1, LOOKUP)
 
 
 def test_generator_targets_are_reference_chains_and_aux_targets_have_their_shape():

@@ -91,13 +91,15 @@ def test_reply_before_marks_each_rows_reply_up_to_the_token():
     ]
 
 
-def test_lookup_drill_and_down_weighted_perception_run(tmp_path: Path):
-    """The steps of the cycle below are a chain (G), the lookup drill (O) and the answer drill (N);
-    after step 2 the chains' perception sentences weigh 0.3 in the loss."""
-    run_train(
-        tmp_path, "--seed", "0", "--max-steps", "4", "--cycle", "0:GON", "--perception-weight", "0.3",
-        "--perception-weight-from", "2",
-    )  # fmt: skip
-    log = (tmp_path / "eval.json").read_text()
-    assert "--perception-weight 0.3" in json.loads(log)["command"]
-    assert (tmp_path / "final" / "model.safetensors").is_file()
+def test_perception_weight_changes_only_the_chain_steps_after_its_step(tmp_path: Path):
+    """Cycle GON: step 1 a chain (G), 2 the lookup drill (O), 3 the answer drill (N), 4 a chain. With
+    the chains' perception sentences weighed 0.3 after step 2, the first three steps are the same as
+    without, and step 4 is not."""
+    cycle = ("--seed", "0", "--max-steps", "4", "--cycle", "0:GON")
+    run_train(tmp_path / "plain", *cycle)
+    run_train(tmp_path / "weighed", *cycle, "--perception-weight", "0.3", "--perception-weight-from", "2")
+    step = "checkpoints/step-{:06d}/model.safetensors".format
+    assert (tmp_path / "plain" / step(3)).read_bytes() == (tmp_path / "weighed" / step(3)).read_bytes()
+    assert (tmp_path / "plain" / step(4)).read_bytes() != (tmp_path / "weighed" / step(4)).read_bytes()
+    report = json.loads((tmp_path / "weighed" / "eval.json").read_text())
+    assert "--perception-weight 0.3" in report["command"]
