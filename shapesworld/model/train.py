@@ -55,6 +55,7 @@ from shapesworld.model.corpus import (
     user_message,
 )
 from shapesworld.model.greedy import generate_in_batches
+from shapesworld.model.grow import grow, grown_positions
 from shapesworld.model.probe import CellProbe, PositionProbe, VisionTap
 from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
 from shapesworld.scenes import DEFAULT_SIZE, render
@@ -107,6 +108,9 @@ class RunConfig:
     # the lookup, and mixed cycles from step 8000, with the answer drill N from 9976, carried it into
     # the chains (see README).
     cycles: tuple[tuple[int, str], ...] = ()
+    # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
+    # grow.py). None keeps the size's depth.
+    grow: tuple[int, tuple[int, ...]] | None = None
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -316,6 +320,9 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     }
     step, samples, train_seconds = 0, 0, 0.0
     if opts.resume is not None:
+        if run.grow is not None and _step_of(opts.resume) > run.grow[0]:
+            # the checkpoint is already grown: grow the same way, so its weights and optimizer fit
+            n_params = _grow(model, optimizer, run.grow, opts.seed)
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run)
@@ -337,6 +344,9 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")  # every reasoning sentence starts "So"
     while True:
         step += 1
+        if run.grow is not None and step == run.grow[0] + 1:
+            n_params = _grow(model, optimizer, run.grow, opts.seed)
+            print(f"grew to {model.config.text_config.num_hidden_layers} layers, {n_params:,} parameters", flush=True)
         tick = time.monotonic()
         task = task_of_step(step, run)
         samples_now = _take(streams[task], run.batch_size)
@@ -452,6 +462,18 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
         _take(streams[task_of_step(s, run)], run.batch_size)
 
 
+def _step_of(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / "training_info.json").read_text())["step"])
+
+
+def _grow(model: Any, optimizer: torch.optim.Optimizer, spec: tuple[int, tuple[int, ...]], seed: int) -> int:
+    """Grows the model as `--grow` says; its new parameters join the optimizer as one more group
+    (with the optimizer's defaults; the training loop sets every group's learning rate)."""
+    step, positions = spec
+    optimizer.add_param_group({"params": grow(model, positions, seed=seed * 1_000_003 + step)})
+    return cfg.count_parameters(model)
+
+
 def _resume(
     path: Path,
     seed: int,
@@ -500,6 +522,16 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+def _grow_spec(text: str) -> tuple[int, tuple[int, ...]]:
+    step, _, positions = text.partition(":")
+    try:
+        if not step.isdigit():
+            raise ValueError(f"STEP must be a number, got {step!r}")
+        return int(step), grown_positions(positions)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected STEP:POSITIONS such as 9000:2,5 ({e})") from None
+
+
 def _cycle(text: str) -> tuple[int, str]:
     step, _, cycle = text.partition(":")
     if not step.isdigit() or not cycle or set(cycle) - set(_TASK_OF):
@@ -534,6 +566,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="STEP:CYCLE",
         help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N; default {CYCLE}); repeatable",
     )
+    parser.add_argument(
+        "--grow",
+        type=_grow_spec,
+        metavar="STEP:POSITIONS",
+        help="after STEP, insert fresh decoder layers at these indices of the grown stack, e.g. 9000:2,5",
+    )
     # One thread by default: on a shared machine (and under `nice`) a second OpenMP thread mostly
     # waits at barriers for a core; two threads only pay off on idle cores.
     parser.add_argument("--threads", type=int, default=1)
@@ -560,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         perception_weight=args.perception_weight,
         perception_weight_from=args.perception_weight_from,
         cycles=tuple(args.cycle),
+        grow=args.grow,
     )
     report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1

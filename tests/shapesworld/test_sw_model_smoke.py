@@ -103,3 +103,76 @@ def test_perception_weight_changes_only_the_chain_steps_after_its_step(tmp_path:
     assert (tmp_path / "plain" / step(4)).read_bytes() != (tmp_path / "weighed" / step(4)).read_bytes()
     report = json.loads((tmp_path / "weighed" / "eval.json").read_text())
     assert "--perception-weight 0.3" in report["command"]
+
+
+def test_grown_layers_start_as_the_identity_and_the_cache_still_fits(tmp_path: Path):
+    """A model grown from 1 to 3 layers computes the same logits as before, keeps its KV-cache
+    indices in order, saves and reloads with 3 layers, and generates the same greedy tokens."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from shapesworld.model import config as cfg
+    from shapesworld.model.corpus import shapesworld_tokenizer
+    from shapesworld.model.grow import grow
+
+    tokenizer = shapesworld_tokenizer(300)
+    model = cfg.build_model(tokenizer, cfg.SIZES["smoke"], seed=0).eval()
+    ids = torch.tensor([tokenizer.encode("There is a small red circle in the centre.")])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        fresh = grow(model, (0, 2), seed=1)
+        after = model(input_ids=ids).logits
+    assert torch.equal(before, after)
+    assert len(fresh) > 0 and any(p.abs().sum() > 0 for p in fresh)  # not all zero: they can learn
+    layers = model.model.language_model.layers
+    assert [layer.self_attn.layer_idx for layer in layers] == [0, 1, 2]
+    assert model.config.text_config.num_hidden_layers == 3
+    model.save_pretrained(tmp_path)
+    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert len(loaded.model.language_model.layers) == 3
+    with torch.no_grad():
+        out_a = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+        out_b = loaded.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out_a, out_b)
+
+
+def test_grow_rejects_positions_outside_the_grown_stack():
+    from shapesworld.model import config as cfg
+    from shapesworld.model.corpus import shapesworld_tokenizer
+    from shapesworld.model.grow import grow, grown_positions
+
+    model = cfg.build_model(shapesworld_tokenizer(300), cfg.SIZES["smoke"], seed=0)
+    with pytest.raises(ValueError, match="distinct indices below 2"):
+        grow(model, (2,), seed=0)
+    with pytest.raises(ValueError, match="distinct"):
+        grow(model, (0, 0), seed=0)
+    assert len(model.model.language_model.layers) == 1  # a refused growth changes nothing
+    assert grown_positions("2,5") == (2, 5)
+    with pytest.raises(ValueError):
+        grown_positions("2;5")
+
+
+def test_growing_mid_run_trains_on_and_resumes_across_the_growth(tmp_path: Path):
+    """--grow 2:1 adds a layer after step 2. Step 2 is the same as without growth; a run resumed
+    from step 2 (before the growth) and one resumed from step 3 (after it) both reach step 4's
+    weights byte for byte."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    grown = ("--seed", "0", "--max-steps", "4", "--checkpoint-steps", "1", "--grow", "2:1")
+    run_train(tmp_path / "plain", "--seed", "0", "--max-steps", "2", "--checkpoint-steps", "1")
+    result = run_train(tmp_path / "grown", *grown)
+    assert "grew to 2 layers" in result.stdout
+    step = "checkpoints/step-{:06d}".format
+    weights = step(2) + "/model.safetensors"
+    assert (tmp_path / "plain" / weights).read_bytes() == (tmp_path / "grown" / weights).read_bytes()
+    load = Qwen2_5_VLForConditionalGeneration.from_pretrained
+    layers = [len(load(tmp_path / "grown" / step(s)).model.language_model.layers) for s in (2, 3)]
+    assert layers == [1, 2]
+    for resume in (2, 3):
+        out = tmp_path / f"resumed-{resume}"
+        run_train(out, *grown, "--resume", str(tmp_path / "grown" / step(resume)))
+        want = (tmp_path / "grown" / step(4) / "model.safetensors").read_bytes()
+        assert (out / step(4) / "model.safetensors").read_bytes() == want
+    state = torch.load(tmp_path / "grown" / step(4) / "trainer_state.pt", weights_only=True)
+    assert len(state["optimizer"]["param_groups"]) == 2  # the new layer's parameters are a group of their own
