@@ -10,6 +10,12 @@ object in reading order), then reasoning that ends by mapping the conclusion to 
 
     The answer is C.
 
+With `spell_out=True` an existence question is reasoned option by option, each option with its
+letter ("So green triangle A is not in the image. So red triangle C is in the image. ..."), before the
+answer step. Training-only (`train.py --spell-out-from`): judging all four options in one sentence
+("So of the options only the red triangle is in the image.") was the step the 4-layer model failed
+most (existence answers at 23-33%), and one option per sentence is one lookup per sentence.
+
 The "So the answer is blue C." step is there on purpose: the prompt lists each option as its text
 followed by its letter ("blue C"), so this step turns finding the letter into copying it (see
 `Question.prompt`); a tiny model trained without such a step fails to learn the letter mapping.
@@ -29,6 +35,7 @@ from shapesworld.claims import PERCEPTION, REASONING, check_chain
 from shapesworld.language import CountClaim, ObjectClaim, parse_claim, render_claim
 from shapesworld.perturb import OBJECT_KINDS, Perturbation, perturb_objects
 from shapesworld.questions import (
+    LETTERS,
     AttributeSpec,
     CountSpec,
     ExistenceSpec,
@@ -78,17 +85,24 @@ def perception_sentences(objects: Sequence[WorldObject]) -> list[str]:
     return sentences
 
 
-def reasoning_sentences(question: Question, objects: Sequence[WorldObject]) -> list[str] | None:
+def reasoning_sentences(
+    question: Question, objects: Sequence[WorldObject], *, spell_out: bool = False
+) -> list[str] | None:
     """The conclusion drawn from `objects` and its option; None if it matches no option."""
     answer = solve(question.spec, objects)
     letter = None if answer is None else question.letter_of(answer)
     if answer is None or letter is None:
         return None
-    return [*_conclusion(question, objects, answer), f"So the answer is {answer} {letter}."]
+    return [*_conclusion(question, objects, answer, spell_out), f"So the answer is {answer} {letter}."]
 
 
-def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str) -> list[str]:
+def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str, spell_out: bool) -> list[str]:
     spec = question.spec
+    if isinstance(spec, ExistenceSpec) and spell_out:
+        return [
+            f"So {ref.noun_phrase()} {letter} is {'' if count_matching(ref, objects) else 'not '}in the image."
+            for ref, letter in zip(spec.candidates, LETTERS, strict=True)
+        ]
     if isinstance(spec, CountSpec):
         sentence = render_claim(CountClaim(int(answer), spec.target))
         return ["So " + sentence[0].lower() + sentence[1:]]
@@ -124,10 +138,10 @@ def _number(shape: str, objects: Sequence[WorldObject]) -> str:
 
 
 def chain_from_belief(
-    question: Question, believed: Sequence[WorldObject], truth: Sequence[WorldObject]
+    question: Question, believed: Sequence[WorldObject], truth: Sequence[WorldObject], *, spell_out: bool = False
 ) -> Chain | None:
     """The chain a model holding `believed` would write, labelled against `truth`."""
-    reasoning = reasoning_sentences(question, believed)
+    reasoning = reasoning_sentences(question, believed, spell_out=spell_out)
     if reasoning is None:
         return None
     perception = perception_sentences(believed)
@@ -140,8 +154,8 @@ def chain_from_belief(
     return Chain(steps=steps, answer=letter)
 
 
-def reference_chain(scene: Scene, question: Question) -> Chain:
-    chain = chain_from_belief(question, scene.objects, scene.objects)
+def reference_chain(scene: Scene, question: Question, *, spell_out: bool = False) -> Chain:
+    chain = chain_from_belief(question, scene.objects, scene.objects, spell_out=spell_out)
     assert chain is not None and chain.answer == question.gold_letter
     return chain
 

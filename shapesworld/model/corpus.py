@@ -108,9 +108,9 @@ def lookup_stream(item_seed: int) -> Iterator[Sample]:
     return (lookup_sample(item, rng) for item in _items(item_seed, 0.0))
 
 
-def answer_stream(item_seed: int) -> Iterator[Sample]:
+def answer_stream(item_seed: int, *, spell_out: bool = False) -> Iterator[Sample]:
     """Generator samples under the task name ANSWER (the trainer weighs only their letters)."""
-    return (replace(generator_sample(item), task=ANSWER) for item in _items(item_seed, 0.0))
+    return (replace(generator_sample(item, spell_out=spell_out), task=ANSWER) for item in _items(item_seed, 0.0))
 
 
 def letters_stream(item_seed: int) -> Iterator[Sample]:
@@ -118,15 +118,16 @@ def letters_stream(item_seed: int) -> Iterator[Sample]:
     return (letters_sample(item, rng) for item in _items(item_seed, 0.0))
 
 
-def generator_sample(item: Item) -> Sample:
-    chain = reference_chain(item.scene, item.question)
+def generator_sample(item: Item, *, spell_out: bool = False) -> Sample:
+    """A reference chain; `spell_out`: existence reasoned option by option (see `chains`)."""
+    chain = reference_chain(item.scene, item.question, spell_out=spell_out)
     return Sample(GENERATOR, item.scene, item.question.prompt, chain.text())
 
 
-def stream(item_seed: int, task: str) -> Iterator[Sample]:
+def stream(item_seed: int, task: str, *, spell_out: bool = False) -> Iterator[Sample]:
     """Endless samples of one task from the items of `item_seed` (`task_seed(...)` when training)."""
     if task == GENERATOR:
-        return (generator_sample(item) for item in _items(item_seed, 0.0))
+        return (generator_sample(item, spell_out=spell_out) for item in _items(item_seed, 0.0))
     return auxiliary_stream(item_seed, task)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import shutil
@@ -111,6 +112,9 @@ class RunConfig:
     # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
     # grow.py). None keeps the size's depth.
     grow: tuple[int, tuple[int, ...]] | None = None
+    # `--spell-out-from STEP`: after STEP, the chains of the G and N tasks reason about existence
+    # option by option (`chains` module, `spell_out`); the same items, so only their text changes.
+    spell_out_from: int | None = None
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -326,6 +330,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run)
+        if run.spell_out_from is not None and step > run.spell_out_from:
+            _spell_out(streams, step, run, opts.seed)
         if (out / "eval.json").is_file():  # resuming in the same folder: keep the earlier results
             earlier = json.loads((out / "eval.json").read_text())["checkpoints"]
             report["checkpoints"] = [e for e in earlier if e["step"] <= step]
@@ -344,6 +350,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")  # every reasoning sentence starts "So"
     while True:
         step += 1
+        if run.spell_out_from is not None and step == run.spell_out_from + 1:
+            _spell_out(streams, step - 1, run, opts.seed)
         if run.grow is not None and step == run.grow[0] + 1:
             n_params = _grow(model, optimizer, run.grow, opts.seed)
             print(f"grew to {model.config.text_config.num_hidden_layers} layers, {n_params:,} parameters", flush=True)
@@ -462,6 +470,18 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
         _take(streams[task_of_step(s, run)], run.batch_size)
 
 
+def _spell_out(streams: dict[str, Any], done: int, run: RunConfig, seed: int) -> None:
+    """Swaps the chain streams (G, N) for spelled-out ones at the item that steps 1..`done` reached."""
+    fresh = {
+        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, spell_out=True),
+        ANSWER: answer_stream(drill_seed(seed, ANSWER), spell_out=True),
+    }
+    for task, spelled in fresh.items():
+        used = sum(task_of_step(s, run) == task for s in range(1, done + 1)) * run.batch_size
+        next(itertools.islice(spelled, used, used), None)  # skips `used` samples
+        streams[task] = spelled
+
+
 def _step_of(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "training_info.json").read_text())["step"])
 
@@ -567,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N; default {CYCLE}); repeatable",
     )
     parser.add_argument(
+        "--spell-out-from", type=int, help="after this step, chains reason about existence option by option"
+    )
+    parser.add_argument(
         "--grow",
         type=_grow_spec,
         metavar="STEP:POSITIONS",
@@ -599,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         perception_weight_from=args.perception_weight_from,
         cycles=tuple(args.cycle),
         grow=args.grow,
+        spell_out_from=args.spell_out_from,
     )
     report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1

@@ -70,3 +70,29 @@ def test_hallucination_is_reproducible(fixed_scenes):
     a = hallucinated_chain(scene, question, random.Random(5))
     b = hallucinated_chain(scene, question, random.Random(5))
     assert a == b
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_spelled_out_chains_reason_existence_option_by_option_and_change_nothing_else(qtype, fixed_scenes):
+    from faithcore.kinds import classify_step
+    from faithcore.types import StepKind
+    from shapesworld.world import count_matching
+
+    for i, scene in enumerate(fixed_scenes):
+        question = make_question(scene, random.Random(i), qtype)
+        plain, spelled = reference_chain(scene, question), reference_chain(scene, question, spell_out=True)
+        _assert_well_formed(spelled)
+        assert spelled.answer == plain.answer == question.gold_letter
+        if qtype != "existence":
+            assert spelled == plain
+            continue
+        n = len(scene.objects) + 1
+        assert spelled.sentences[:n] == plain.sentences[:n] and spelled.sentences[-1] == plain.sentences[-1]
+        by_option = spelled.sentences[n:-1]
+        assert len(by_option) == 4
+        options = zip(by_option, question.options, LETTERS, question.spec.candidates, strict=True)
+        for sentence, option, letter, ref in options:
+            present = count_matching(ref, scene.objects) > 0
+            assert sentence == f"So {option} {letter} is {'' if present else 'not '}in the image."
+            assert classify_step(sentence) is StepKind.REASONING  # the proxy does not send it to a detector
+        assert all(s.kind == REASONING for s in spelled.steps[n:])
