@@ -5,8 +5,8 @@
 
 Everything is seeded: the tokenizer's corpus, the initial weights, and the data stream (task of each
 step from a fixed cycle, samples from `corpus.stream`), so the weights after step S are a function of
-(seed, size, S) and the step-keyed flags (`--cycle`, loss weights), and `--max-steps S` reproduces a
-checkpoint (`training_info.json` records its step).
+(seed, size, S) and the step-keyed flags (`--cycle`, loss weights, `--grow`, `--spell-out-from`), and
+`--max-steps S` reproduces a checkpoint (`training_info.json` records its step).
 The learning rate depends on the step only; `--minutes` bounds the run's wall time, so how many steps
 a run gets depends on the machine, not what a given step computes.
 
