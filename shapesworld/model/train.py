@@ -300,9 +300,10 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     model = cfg.build_model(tokenizer, size, opts.seed)
     n_params = cfg.count_parameters(model)
     heldout = HeldOut(run)
-    streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS}
-    for drill, drill_stream in ((LETTERS, letters_stream), (LOOKUP, lookup_stream), (ANSWER, answer_stream)):
+    streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS if task != GENERATOR}
+    for drill, drill_stream in ((LETTERS, letters_stream), (LOOKUP, lookup_stream)):
         streams[drill] = drill_stream(drill_seed(opts.seed, drill))
+    streams |= _chain_streams(opts.seed, spell_out=False)
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -327,11 +328,11 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
         if run.grow is not None and _step_of(opts.resume) > run.grow[0]:
             # the checkpoint is already grown: grow the same way, so its weights and optimizer fit
             n_params = _grow(model, optimizer, run.grow, opts.seed)
+        if run.spell_out_from is not None and _step_of(opts.resume) > run.spell_out_from:
+            _spell_out(streams, 0, run, opts.seed)  # before the fast-forward, which then skips their items
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run)
-        if run.spell_out_from is not None and step > run.spell_out_from:
-            _spell_out(streams, step, run, opts.seed)
         if (out / "eval.json").is_file():  # resuming in the same folder: keep the earlier results
             earlier = json.loads((out / "eval.json").read_text())["checkpoints"]
             report["checkpoints"] = [e for e in earlier if e["step"] <= step]
@@ -470,13 +471,18 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
         _take(streams[task_of_step(s, run)], run.batch_size)
 
 
+def _chain_streams(seed: int, *, spell_out: bool) -> dict[str, Any]:
+    """The streams of reference chains (G, and the answer drill N), both built here so that the
+    spelled-out ones are the same items as the plain ones."""
+    return {
+        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, spell_out=spell_out),
+        ANSWER: answer_stream(drill_seed(seed, ANSWER), spell_out=spell_out),
+    }
+
+
 def _spell_out(streams: dict[str, Any], done: int, run: RunConfig, seed: int) -> None:
     """Swaps the chain streams (G, N) for spelled-out ones at the item that steps 1..`done` reached."""
-    fresh = {
-        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, spell_out=True),
-        ANSWER: answer_stream(drill_seed(seed, ANSWER), spell_out=True),
-    }
-    for task, spelled in fresh.items():
+    for task, spelled in _chain_streams(seed, spell_out=True).items():
         used = sum(task_of_step(s, run) == task for s in range(1, done + 1)) * run.batch_size
         next(itertools.islice(spelled, used, used), None)  # skips `used` samples
         streams[task] = spelled
