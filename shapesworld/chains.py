@@ -10,14 +10,20 @@ object in reading order), then reasoning that ends by mapping the conclusion to 
 
     The answer is C.
 
-With `spell_out=True` an existence question is reasoned option by option, each option with its
-letter ("So green triangle A is not in the image. So red triangle C is in the image. ..."), before the
-answer step. Training-only (`train.py --spell-out-from`), and not what the committed model learned:
-judging all four options in one sentence ("So of the options only the red triangle is in the image.")
-is the step the model fails most (existence answers 23-37%), but after 1,150 steps of spelled-out
-chains (from step 13457) it still wrote the wrong option text for a letter in most sentences (writing
-option B's text means finding the prompt's letter A and copying what follows it, two hops), and its
-perception error rate fell to 2% with twice the chain steps; see README.
+Existence questions have three ways of reasoning (`existence=`; the other types have one):
+- ONE_STEP, the default: all four options judged in one sentence ("So of the options only the red
+  triangle is in the image."). The model learned it least: its answers were 23-37% right, and with
+  the right option named its letter was right in 2 of 11 chains, since every distractor shares a word
+  with the gold, so the lookup must match two words, not one.
+- BY_OPTION (`train.py --spell-out-from`): option by option with its letter ("So green triangle A is
+  not in the image. ..."). Tried and dropped: after 1,150 steps (from step 13457) the model still
+  wrote the wrong option's text for most letters (writing option B's text means finding the prompt's
+  letter A and copying what follows it, two hops), and its perception error rate fell to 2%; see README.
+- BY_OBJECT (`train.py --by-object-from`): one sentence for each kind of object the perception named,
+  in reading order, saying which option it is ("So the red triangle is option C." or "So the blue
+  square is not an option."). Each is the two-word lookup of the answer step, made once per object, so
+  a chain practises it up to four times; the answer is then the one object that is an option (or, for
+  "not in the image", the option no object is).
 
 The "So the answer is blue C." step is there on purpose: the prompt lists each option as its text
 followed by its letter ("blue C"), so this step turns finding the letter into copying it (see
@@ -54,6 +60,8 @@ from shapesworld.scenes import Scene
 from shapesworld.world import PLURALS, Ref, WorldObject, count_matching
 
 SEPARATOR = " "  # between sentences inside <think>
+ONE_STEP, BY_OPTION, BY_OBJECT = "one-step", "by-option", "by-object"
+EXISTENCE_STYLES = (ONE_STEP, BY_OPTION, BY_OBJECT)
 
 
 @dataclass(frozen=True)
@@ -89,23 +97,27 @@ def perception_sentences(objects: Sequence[WorldObject]) -> list[str]:
 
 
 def reasoning_sentences(
-    question: Question, objects: Sequence[WorldObject], *, spell_out: bool = False
+    question: Question, objects: Sequence[WorldObject], *, existence: str = ONE_STEP
 ) -> list[str] | None:
     """The conclusion drawn from `objects` and its option; None if it matches no option."""
     answer = solve(question.spec, objects)
     letter = None if answer is None else question.letter_of(answer)
     if answer is None or letter is None:
         return None
-    return [*_conclusion(question, objects, answer, spell_out), f"So the answer is {answer} {letter}."]
+    return [*_conclusion(question, objects, answer, existence), f"So the answer is {answer} {letter}."]
 
 
-def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str, spell_out: bool) -> list[str]:
+def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str, existence: str) -> list[str]:
+    if existence not in EXISTENCE_STYLES:
+        raise ValueError(f"existence must be one of {EXISTENCE_STYLES}, got {existence!r}")
     spec = question.spec
-    if isinstance(spec, ExistenceSpec) and spell_out:
+    if isinstance(spec, ExistenceSpec) and existence == BY_OPTION:
         return [
             f"So {ref.noun_phrase()} {letter} is {'' if count_matching(ref, objects) else 'not '}in the image."
             for ref, letter in zip(spec.candidates, LETTERS, strict=True)
         ]
+    if isinstance(spec, ExistenceSpec) and existence == BY_OBJECT:
+        return [_which_option(kind, question) for kind in _kinds_in_reading_order(objects)]
     if isinstance(spec, CountSpec):
         sentence = render_claim(CountClaim(int(answer), spec.target))
         return ["So " + sentence[0].lower() + sentence[1:]]
@@ -131,6 +143,19 @@ def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str,
     return [f"So I count {_number(spec.a, objects)} and {_number(spec.b, objects)}."]
 
 
+def _kinds_in_reading_order(objects: Sequence[WorldObject]) -> list[Ref]:
+    """Each (colour, shape) the perception sentences name, once, in the order they first name it."""
+    kinds: dict[tuple[str | None, str | None], Ref] = {}
+    for o in sorted(objects, key=lambda o: o.cell):
+        kinds.setdefault((o.colour, o.shape), Ref(colour=o.colour, shape=o.shape))
+    return list(kinds.values())
+
+
+def _which_option(kind: Ref, question: Question) -> str:
+    letter = question.letter_of(kind.noun_phrase())
+    return f"So the {kind.noun_phrase()} is {'not an option' if letter is None else f'option {letter}'}."
+
+
 def _article(shape: str) -> str:
     return ("an " if shape[0] in "aeiou" else "a ") + shape
 
@@ -141,10 +166,10 @@ def _number(shape: str, objects: Sequence[WorldObject]) -> str:
 
 
 def chain_from_belief(
-    question: Question, believed: Sequence[WorldObject], truth: Sequence[WorldObject], *, spell_out: bool = False
+    question: Question, believed: Sequence[WorldObject], truth: Sequence[WorldObject], *, existence: str = ONE_STEP
 ) -> Chain | None:
     """The chain a model holding `believed` would write, labelled against `truth`."""
-    reasoning = reasoning_sentences(question, believed, spell_out=spell_out)
+    reasoning = reasoning_sentences(question, believed, existence=existence)
     if reasoning is None:
         return None
     perception = perception_sentences(believed)
@@ -157,8 +182,8 @@ def chain_from_belief(
     return Chain(steps=steps, answer=letter)
 
 
-def reference_chain(scene: Scene, question: Question, *, spell_out: bool = False) -> Chain:
-    chain = chain_from_belief(question, scene.objects, scene.objects, spell_out=spell_out)
+def reference_chain(scene: Scene, question: Question, *, existence: str = ONE_STEP) -> Chain:
+    chain = chain_from_belief(question, scene.objects, scene.objects, existence=existence)
     assert chain is not None and chain.answer == question.gold_letter
     return chain
 

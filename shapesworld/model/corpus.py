@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from shapesworld.chains import reference_chain
+from shapesworld.chains import ONE_STEP, reference_chain
 from shapesworld.dataset import Item, generate_items, item_examples
 from shapesworld.scenes import Scene, render
 
@@ -108,9 +108,9 @@ def lookup_stream(item_seed: int) -> Iterator[Sample]:
     return (lookup_sample(item, rng) for item in _items(item_seed, 0.0))
 
 
-def answer_stream(item_seed: int, *, spell_out: bool = False) -> Iterator[Sample]:
+def answer_stream(item_seed: int, *, existence: str = ONE_STEP) -> Iterator[Sample]:
     """Generator samples under the task name ANSWER (the trainer weighs only their letters)."""
-    return (replace(generator_sample(item, spell_out=spell_out), task=ANSWER) for item in _items(item_seed, 0.0))
+    return (replace(generator_sample(item, existence=existence), task=ANSWER) for item in _items(item_seed, 0.0))
 
 
 def letters_stream(item_seed: int) -> Iterator[Sample]:
@@ -118,16 +118,16 @@ def letters_stream(item_seed: int) -> Iterator[Sample]:
     return (letters_sample(item, rng) for item in _items(item_seed, 0.0))
 
 
-def generator_sample(item: Item, *, spell_out: bool = False) -> Sample:
-    """A reference chain; `spell_out`: existence reasoned option by option (see `chains`)."""
-    chain = reference_chain(item.scene, item.question, spell_out=spell_out)
+def generator_sample(item: Item, *, existence: str = ONE_STEP) -> Sample:
+    """A reference chain; `existence`: how it reasons about existence questions (see `chains`)."""
+    chain = reference_chain(item.scene, item.question, existence=existence)
     return Sample(GENERATOR, item.scene, item.question.prompt, chain.text())
 
 
-def stream(item_seed: int, task: str, *, spell_out: bool = False) -> Iterator[Sample]:
+def stream(item_seed: int, task: str, *, existence: str = ONE_STEP) -> Iterator[Sample]:
     """Endless samples of one task from the items of `item_seed` (`task_seed(...)` when training)."""
     if task == GENERATOR:
-        return (generator_sample(item, spell_out=spell_out) for item in _items(item_seed, 0.0))
+        return (generator_sample(item, existence=existence) for item in _items(item_seed, 0.0))
     return auxiliary_stream(item_seed, task)
 
 

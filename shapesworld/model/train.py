@@ -5,7 +5,8 @@
 
 Everything is seeded: the tokenizer's corpus, the initial weights, and the data stream (task of each
 step from a fixed cycle, samples from `corpus.stream`), so the weights after step S are a function of
-(seed, size, S) and the step-keyed flags (`--cycle`, loss weights, `--grow`, `--spell-out-from`), and
+(seed, size, S) and the step-keyed flags (`--cycle`, loss weights, `--grow`, `--spell-out-from`,
+`--by-object-from`), and
 `--max-steps S` reproduces a checkpoint (`training_info.json` records its step).
 The learning rate depends on the step only; `--minutes` bounds the run's wall time, so how many steps
 a run gets depends on the machine, not what a given step computes.
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from shapesworld.chains import BY_OBJECT, BY_OPTION, ONE_STEP
 from shapesworld.model import config as cfg
 from shapesworld.model.corpus import (
     ANSWER,
@@ -112,9 +114,22 @@ class RunConfig:
     # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
     # grow.py). None keeps the size's depth.
     grow: tuple[int, tuple[int, ...]] | None = None
-    # `--spell-out-from STEP`: after STEP, the chains of the G and N tasks reason about existence
-    # option by option (`chains` module, `spell_out`); the same items, so only their text changes.
+    # `--spell-out-from STEP` / `--by-object-from STEP`: after STEP, the chains of the G and N tasks
+    # reason about existence option by option (BY_OPTION) or object by object (BY_OBJECT; `chains`
+    # module); the same items, so only their text changes. At most one of the two.
     spell_out_from: int | None = None
+    by_object_from: int | None = None
+
+    @property
+    def existence_switch(self) -> tuple[int, str] | None:
+        """(step, style) of the switch of existence reasoning, if the run has one."""
+        if self.spell_out_from is not None and self.by_object_from is not None:
+            raise ValueError("--spell-out-from and --by-object-from exclude each other")
+        if self.spell_out_from is not None:
+            return self.spell_out_from, BY_OPTION
+        if self.by_object_from is not None:
+            return self.by_object_from, BY_OBJECT
+        return None
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -303,7 +318,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS if task != GENERATOR}
     for drill, drill_stream in ((LETTERS, letters_stream), (LOOKUP, lookup_stream)):
         streams[drill] = drill_stream(drill_seed(opts.seed, drill))
-    streams |= _chain_streams(opts.seed, spell_out=False)
+    streams |= _chain_streams(opts.seed, ONE_STEP)
+    switch = run.existence_switch
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -328,8 +344,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
         if run.grow is not None and _step_of(opts.resume) > run.grow[0]:
             # the checkpoint is already grown: grow the same way, so its weights and optimizer fit
             n_params = _grow(model, optimizer, run.grow, opts.seed)
-        if run.spell_out_from is not None and _step_of(opts.resume) > run.spell_out_from:
-            _spell_out(streams, 0, run, opts.seed)  # before the fast-forward, which then skips their items
+        if switch is not None and _step_of(opts.resume) > switch[0]:
+            _switch_chains(streams, 0, switch[1], run, opts.seed)  # before the fast-forward, which skips their items
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run)
@@ -351,8 +367,8 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")  # every reasoning sentence starts "So"
     while True:
         step += 1
-        if run.spell_out_from is not None and step == run.spell_out_from + 1:
-            _spell_out(streams, step - 1, run, opts.seed)
+        if switch is not None and step == switch[0] + 1:
+            _switch_chains(streams, step - 1, switch[1], run, opts.seed)
         if run.grow is not None and step == run.grow[0] + 1:
             n_params = _grow(model, optimizer, run.grow, opts.seed)
             print(f"grew to {model.config.text_config.num_hidden_layers} layers, {n_params:,} parameters", flush=True)
@@ -471,21 +487,22 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
         _take(streams[task_of_step(s, run)], run.batch_size)
 
 
-def _chain_streams(seed: int, *, spell_out: bool) -> dict[str, Any]:
+def _chain_streams(seed: int, existence: str) -> dict[str, Any]:
     """The streams of reference chains (G, and the answer drill N), both built here so that the
-    spelled-out ones are the same items as the plain ones."""
+    chains of every existence style are the same items."""
     return {
-        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, spell_out=spell_out),
-        ANSWER: answer_stream(drill_seed(seed, ANSWER), spell_out=spell_out),
+        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, existence=existence),
+        ANSWER: answer_stream(drill_seed(seed, ANSWER), existence=existence),
     }
 
 
-def _spell_out(streams: dict[str, Any], done: int, run: RunConfig, seed: int) -> None:
-    """Swaps the chain streams (G, N) for spelled-out ones at the item that steps 1..`done` reached."""
-    for task, spelled in _chain_streams(seed, spell_out=True).items():
+def _switch_chains(streams: dict[str, Any], done: int, existence: str, run: RunConfig, seed: int) -> None:
+    """Swaps the chain streams (G, N) for ones of another existence style at the item that steps
+    1..`done` reached."""
+    for task, switched in _chain_streams(seed, existence).items():
         used = sum(task_of_step(s, run) == task for s in range(1, done + 1)) * run.batch_size
-        next(itertools.islice(spelled, used, used), None)  # skips `used` samples
-        streams[task] = spelled
+        next(itertools.islice(switched, used, used), None)  # skips `used` samples
+        streams[task] = switched
 
 
 def _step_of(checkpoint: Path) -> int:
@@ -592,8 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="STEP:CYCLE",
         help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N; default {CYCLE}); repeatable",
     )
-    parser.add_argument(
+    switch = parser.add_mutually_exclusive_group()
+    switch.add_argument(
         "--spell-out-from", type=int, help="after this step, chains reason about existence option by option"
+    )
+    switch.add_argument(
+        "--by-object-from", type=int, help="after this step, chains reason about existence object by object"
     )
     parser.add_argument(
         "--grow",
@@ -629,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         cycles=tuple(args.cycle),
         grow=args.grow,
         spell_out_from=args.spell_out_from,
+        by_object_from=args.by_object_from,
     )
     report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1

@@ -3,7 +3,14 @@ import re
 
 import pytest
 
-from shapesworld.chains import Chain, hallucinated_chain, perception_sentences, reference_chain
+from shapesworld.chains import (
+    BY_OBJECT,
+    BY_OPTION,
+    Chain,
+    hallucinated_chain,
+    perception_sentences,
+    reference_chain,
+)
 from shapesworld.claims import PERCEPTION, REASONING, check_chain
 from shapesworld.language import parse_claim
 from shapesworld.perturb import OBJECT_KINDS
@@ -80,7 +87,7 @@ def test_spelled_out_chains_reason_existence_option_by_option_and_change_nothing
 
     for i, scene in enumerate(fixed_scenes):
         question = make_question(scene, random.Random(i), qtype)
-        plain, spelled = reference_chain(scene, question), reference_chain(scene, question, spell_out=True)
+        plain, spelled = reference_chain(scene, question), reference_chain(scene, question, existence=BY_OPTION)
         _assert_well_formed(spelled)
         assert spelled.answer == plain.answer == question.gold_letter
         if qtype != "existence":
@@ -96,3 +103,41 @@ def test_spelled_out_chains_reason_existence_option_by_option_and_change_nothing
             assert sentence == f"So {option} {letter} is {'' if present else 'not '}in the image."
             assert classify_step(sentence) is StepKind.REASONING  # the proxy does not send it to a detector
         assert all(s.kind == REASONING for s in spelled.steps[n:])
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_by_object_chains_say_which_option_each_seen_kind_is_and_change_nothing_else(qtype, fixed_scenes):
+    from faithcore.kinds import classify_step
+    from faithcore.types import StepKind
+
+    for i, scene in enumerate(fixed_scenes):
+        question = make_question(scene, random.Random(i), qtype)
+        plain, by_object = reference_chain(scene, question), reference_chain(scene, question, existence=BY_OBJECT)
+        _assert_well_formed(by_object)
+        assert by_object.answer == plain.answer == question.gold_letter
+        if qtype != "existence":
+            assert by_object == plain
+            continue
+        n = len(scene.objects) + 1
+        assert by_object.sentences[:n] == plain.sentences[:n] and by_object.sentences[-1] == plain.sentences[-1]
+        # one sentence per (colour, shape) seen, in the order the perception sentences first name it
+        seen = [f"{o.colour} {o.shape}" for o in sorted(scene.objects, key=lambda o: o.cell)]
+        kinds = list(dict.fromkeys(seen))
+        said = by_object.sentences[n:-1]
+        assert len(said) == len(kinds)
+        for sentence, kind in zip(said, kinds, strict=True):
+            if kind in question.options:
+                assert sentence == f"So the {kind} is option {LETTERS[question.options.index(kind)]}."
+            else:
+                assert sentence == f"So the {kind} is not an option."
+            assert classify_step(sentence) is StepKind.REASONING  # the proxy does not send it to a detector
+        assert all(s.kind == REASONING for s in by_object.steps[n:])
+        options_seen = sum("is option" in s for s in said)
+        assert options_seen == (3 if question.spec.negated else 1)  # the gold, or the three distractors
+
+
+def test_an_unknown_existence_style_is_refused(fixed_scenes):
+    scene = fixed_scenes[0]
+    question = make_question(scene, random.Random(0), "existence")
+    with pytest.raises(ValueError, match="existence must be one of"):
+        reference_chain(scene, question, existence="by-letter")

@@ -178,19 +178,34 @@ def test_growing_mid_run_trains_on_and_resumes_across_the_growth(tmp_path: Path)
     assert len(state["optimizer"]["param_groups"]) == 2  # the new layer's parameters are a group of their own
 
 
-def test_spell_out_changes_only_the_chains_after_its_step_and_resumes_across_the_switch(tmp_path: Path):
+@pytest.mark.parametrize("flag", ["--spell-out-from", "--by-object-from"])
+def test_an_existence_switch_changes_only_the_chains_after_its_step_and_resumes_across_it(tmp_path: Path, flag):
     """Cycle GN, 4 samples a step: step 3's chains (items 4-7) include an existence question. With
-    --spell-out-from 2, steps 1-2 are as without; step 3 is not; runs resumed before and after the
+    the switch at step 2, steps 1-2 are as without; step 3 is not; runs resumed before and after the
     switch reach step 4's weights byte for byte."""
     cycle = ("--seed", "0", "--max-steps", "4", "--checkpoint-steps", "1", "--cycle", "0:GN")
     run_train(tmp_path / "plain", *cycle)
-    run_train(tmp_path / "spelled", *cycle, "--spell-out-from", "2")
+    run_train(tmp_path / "switched", *cycle, flag, "2")
     step = "checkpoints/step-{:06d}/model.safetensors".format
-    assert (tmp_path / "plain" / step(2)).read_bytes() == (tmp_path / "spelled" / step(2)).read_bytes()
-    assert (tmp_path / "plain" / step(3)).read_bytes() != (tmp_path / "spelled" / step(3)).read_bytes()
-    want = (tmp_path / "spelled" / step(4)).read_bytes()
+    assert (tmp_path / "plain" / step(2)).read_bytes() == (tmp_path / "switched" / step(2)).read_bytes()
+    assert (tmp_path / "plain" / step(3)).read_bytes() != (tmp_path / "switched" / step(3)).read_bytes()
+    want = (tmp_path / "switched" / step(4)).read_bytes()
     for resume in (1, 3):
         out = tmp_path / f"resumed-{resume}"
-        checkpoint = (tmp_path / "spelled" / step(resume)).parent
-        run_train(out, *cycle, "--spell-out-from", "2", "--resume", str(checkpoint))
+        checkpoint = (tmp_path / "switched" / step(resume)).parent
+        run_train(out, *cycle, flag, "2", "--resume", str(checkpoint))
         assert (out / step(4)).read_bytes() == want
+
+
+def test_the_two_existence_switches_exclude_each_other(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "shapesworld.model.train", "--out", str(tmp_path / "run"), "--smoke"]
+        + ["--spell-out-from", "1", "--by-object-from", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "not allowed with argument" in result.stderr
+    assert not (tmp_path / "run").exists()
