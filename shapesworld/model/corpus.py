@@ -13,7 +13,7 @@ outside every training seed's range.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +21,7 @@ from PIL import Image
 
 from shapesworld.chains import ONE_STEP, reference_chain
 from shapesworld.dataset import Item, generate_items, item_examples
+from shapesworld.questions import QTYPES
 from shapesworld.scenes import Scene, render
 
 GENERATOR, REGENERATION, SELF_CHECK = "generator", "regeneration", "self_check"
@@ -37,6 +38,10 @@ LOOKUP = "lookup"
 # lookup with one distractor per word; in a chain the option's word also fills the perception and
 # reasoning sentences, and there the lookup stayed near chance for attribute and existence questions.
 ANSWER = "answer"
+# A fourth, for the reasoning of existence chains: reference chains of existence questions only,
+# whose loss is their reasoning (everything from the first "So"). In the G task existence is one
+# question in five, and a new way of reasoning about it (`chains.BY_OBJECT`) was learned slowly there.
+EXISTENCE = "existence"
 
 HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
 TOKENIZER_SEED = 998
@@ -76,11 +81,11 @@ def user_message(text: str, image_url: str | None = None) -> dict[str, Any]:
 
 
 # Item seeds of the drills are far above the tasks' (1000 + 3 * seed + k) and apart from each other.
-_DRILL_SEED_BASE = {LETTERS: 500_000, LOOKUP: 700_000, ANSWER: 800_000}
+_DRILL_SEED_BASE = {LETTERS: 500_000, LOOKUP: 700_000, ANSWER: 800_000, EXISTENCE: 900_000}
 
 
 def drill_seed(seed: int, drill: str) -> int:
-    """Item seed of a drill (LETTERS, LOOKUP or ANSWER) in the run of training seed `seed`."""
+    """Item seed of a drill (LETTERS, LOOKUP, ANSWER or EXISTENCE) in the run of training seed `seed`."""
     if seed < 0:
         raise ValueError("the training seed must be >= 0")
     return _DRILL_SEED_BASE[drill] + seed
@@ -113,6 +118,13 @@ def answer_stream(item_seed: int, *, existence: str = ONE_STEP) -> Iterator[Samp
     return (replace(generator_sample(item, existence=existence), task=ANSWER) for item in _items(item_seed, 0.0))
 
 
+def existence_stream(item_seed: int, *, existence: str = ONE_STEP) -> Iterator[Sample]:
+    """Generator samples of existence questions only, under the task name EXISTENCE (the trainer
+    weighs only their reasoning)."""
+    items = _items(item_seed, 0.0, qtypes=("existence",))
+    return (replace(generator_sample(item, existence=existence), task=EXISTENCE) for item in items)
+
+
 def letters_stream(item_seed: int) -> Iterator[Sample]:
     rng = random.Random(f"shapesworld-model:{item_seed}:{LETTERS}")
     return (letters_sample(item, rng) for item in _items(item_seed, 0.0))
@@ -131,10 +143,10 @@ def stream(item_seed: int, task: str, *, existence: str = ONE_STEP) -> Iterator[
     return auxiliary_stream(item_seed, task)
 
 
-def _items(item_seed: int, hallucination_rate: float) -> Iterator[Item]:
+def _items(item_seed: int, hallucination_rate: float, qtypes: Sequence[str] = QTYPES) -> Iterator[Item]:
     i = 0
     while True:
-        yield from generate_items(item_seed, 256, start=i, hallucination_rate=hallucination_rate)
+        yield from generate_items(item_seed, 256, start=i, hallucination_rate=hallucination_rate, qtypes=qtypes)
         i += 256
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from shapesworld.chains import EXISTENCE_STYLES, ONE_STEP
 from shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream, lookup_stream
 from shapesworld.model.scoring import heldout_items
 from shapesworld.model.train import encode, option_letter_ids
@@ -39,18 +40,20 @@ def letter_hits(model: Any, processor: Any, samples: Iterable[Sample]) -> list[l
     return out
 
 
-def measure(path: Path, n: int) -> dict[str, Any]:
+def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(path)
-    chains = letter_hits(model, processor, (generator_sample(i) for i in heldout_items(n)))
+    chains = letter_hits(model, processor, (generator_sample(i, existence=existence) for i in heldout_items(n)))
     drills = letter_hits(model, processor, itertools.islice(letters_stream(HELDOUT_SEED), n))
     lookups = letter_hits(model, processor, itertools.islice(lookup_stream(HELDOUT_SEED), n))
-    # a chain's first letter token is the option letter; the second, after </think>, repeats it
+    # a chain's first letter token is an option letter: the answer's, or in a BY_OBJECT existence
+    # chain the first object's; the last, after </think>, repeats the answer's
     return {
         "checkpoint": str(path),
         "chains": n,
+        "existence": existence,
         "chain_option_letter_right": round(sum(h[0] for h in chains) / n, 4),
         "drill_letter_right_by_position": [round(sum(h[k] for h in drills) / n, 4) for k in range(4)],
         "lookup_letter_right_by_position": [round(sum(h[k] for h in lookups) / n, 4) for k in range(4)],
@@ -61,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--n", type=int, default=40, help="held-out chains and drills")
+    parser.add_argument(
+        "--existence", choices=EXISTENCE_STYLES, default=ONE_STEP, help="the chains' existence style (see chains)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(json.dumps(measure(args.checkpoint, args.n)))
+    print(json.dumps(measure(args.checkpoint, args.n, args.existence)))
     return 0
 
 

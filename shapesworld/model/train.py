@@ -40,6 +40,7 @@ from shapesworld.chains import BY_OBJECT, BY_OPTION, ONE_STEP
 from shapesworld.model import config as cfg
 from shapesworld.model.corpus import (
     ANSWER,
+    EXISTENCE,
     GENERATOR,
     HELDOUT_SEED,
     LETTERS,
@@ -50,6 +51,7 @@ from shapesworld.model.corpus import (
     Sample,
     answer_stream,
     drill_seed,
+    existence_stream,
     letters_stream,
     lookup_stream,
     shapesworld_tokenizer,
@@ -70,7 +72,7 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
-_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS, "O": LOOKUP, "N": ANSWER}
+_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS, "O": LOOKUP, "N": ANSWER, "E": EXISTENCE}
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
 
@@ -105,7 +107,8 @@ class RunConfig:
     perception_weight: float = 1.0
     perception_weight_from: int = 0
     # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
-    # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP). The committed model's run
+    # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP; N and E, corpus.ANSWER and
+    # corpus.EXISTENCE). The committed model's run
     # brought L in at step 2437, but the model answered it by elimination and its chains named the
     # right option's letter no more often than chance; 1,400 steps of O alone (from step 6579) built
     # the lookup, and mixed cycles from step 8000, with the answer drill N from 9976, carried it into
@@ -114,7 +117,7 @@ class RunConfig:
     # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
     # grow.py). None keeps the size's depth.
     grow: tuple[int, tuple[int, ...]] | None = None
-    # `--spell-out-from STEP` / `--by-object-from STEP`: after STEP, the chains of the G and N tasks
+    # `--spell-out-from STEP` / `--by-object-from STEP`: after STEP, the chains of the G, N and E tasks
     # reason about existence option by option (BY_OPTION) or object by object (BY_OBJECT; `chains`
     # module); the same items, so only their text changes. At most one of the two.
     spell_out_from: int | None = None
@@ -138,6 +141,26 @@ SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenize
 def learning_rate(step: int, run: RunConfig) -> float:
     warm = min(1.0, step / run.warmup_steps)
     return run.lr * warm * min(1.0, math.sqrt(run.decay_from / max(step, 1)))
+
+
+def token_weights(
+    task: str, step: int, run: RunConfig, labels: torch.Tensor, letter_ids: torch.Tensor, so_id: int
+) -> torch.Tensor:
+    """The loss weight of each learned token of a batch of `task` (the labels that are not IGNORE, in
+    order): option letters weigh `letter_weight`, a chain's perception sentences (its reply before
+    the first "So") `perception_weight`; the drills N and E count only letters and only reasoning."""
+    mask = labels != IGNORE
+    is_letter = torch.isin(labels[mask], letter_ids)
+    weights = torch.ones(is_letter.shape, dtype=torch.float32)
+    if run.letter_weight != 1.0 and step > run.letter_weight_from:
+        weights[is_letter] = run.letter_weight
+    if task == ANSWER:  # the drill of chains' letters: nothing else counts
+        weights = is_letter.float()
+    if task == EXISTENCE:  # the drill of existence reasoning: perception sentences do not count
+        weights[reply_before(labels, so_id)[mask]] = 0.0
+    if task == GENERATOR and run.perception_weight != 1.0 and step > run.perception_weight_from:
+        weights[reply_before(labels, so_id)[mask]] = run.perception_weight
+    return weights
 
 
 def reply_before(labels: torch.Tensor, token_id: int) -> torch.Tensor:
@@ -360,8 +383,9 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
 
     model.train()
     since_checkpoint = 0.0
+    drills = (LETTERS, LOOKUP, ANSWER, EXISTENCE)
     losses: dict[str, list[float]] = {
-        t: [] for t in (*TASKS, LETTERS, LOOKUP, ANSWER, "probe", "probe_cells_right", "position_right", "letter_right")
+        t: [] for t in (*TASKS, *drills, "probe", "probe_cells_right", "position_right", "letter_right")
     }
     letter_ids = torch.tensor(option_letter_ids(tokenizer))
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")  # every reasoning sentence starts "So"
@@ -383,13 +407,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
         labels = batch.labels[mask]
         token_loss = torch.nn.functional.cross_entropy(logits[mask].float(), labels, reduction="none")
         is_letter = torch.isin(labels, letter_ids)
-        weights = torch.ones_like(token_loss)
-        if run.letter_weight != 1.0 and step > run.letter_weight_from:
-            weights[is_letter] = run.letter_weight
-        if task == ANSWER:  # the drill of chains' letters: nothing else counts
-            weights = is_letter.float()
-        if task == GENERATOR and run.perception_weight != 1.0 and step > run.perception_weight_from:
-            weights[reply_before(batch.labels, so_id)[mask]] = run.perception_weight
+        weights = token_weights(task, step, run, batch.labels, letter_ids, so_id)
         loss = (token_loss * weights).sum() / weights.sum()
         if is_letter.any():
             right = logits[mask][is_letter].argmax(-1) == labels[is_letter]
@@ -488,16 +506,17 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
 
 
 def _chain_streams(seed: int, existence: str) -> dict[str, Any]:
-    """The streams of reference chains (G, and the answer drill N), both built here so that the
+    """The streams of reference chains (G, and the drills N and E), all built here so that the
     chains of every existence style are the same items."""
     return {
         GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, existence=existence),
         ANSWER: answer_stream(drill_seed(seed, ANSWER), existence=existence),
+        EXISTENCE: existence_stream(drill_seed(seed, EXISTENCE), existence=existence),
     }
 
 
 def _switch_chains(streams: dict[str, Any], done: int, existence: str, run: RunConfig, seed: int) -> None:
-    """Swaps the chain streams (G, N) for ones of another existence style at the item that steps
+    """Swaps the chain streams (G, N, E) for ones of another existence style at the item that steps
     1..`done` reached."""
     for task, switched in _chain_streams(seed, existence).items():
         used = sum(task_of_step(s, run) == task for s in range(1, done + 1)) * run.batch_size
@@ -607,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_cycle,
         default=[],
         metavar="STEP:CYCLE",
-        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N; default {CYCLE}); repeatable",
+        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N, E; default {CYCLE}); repeatable",
     )
     switch = parser.add_mutually_exclusive_group()
     switch.add_argument(

@@ -9,6 +9,7 @@ from shapesworld.chains import hallucinated_chain, reference_chain
 from shapesworld.dataset import generate_items
 from shapesworld.model.corpus import (
     ANSWER,
+    EXISTENCE,
     GENERATOR,
     HELDOUT_SEED,
     LETTERS,
@@ -18,6 +19,7 @@ from shapesworld.model.corpus import (
     TASKS,
     answer_stream,
     drill_seed,
+    existence_stream,
     generator_sample,
     letters_stream,
     lookup_stream,
@@ -84,10 +86,22 @@ def test_answer_drill_is_reference_chains_of_its_own_items():
     assert samples == [dataclasses.replace(generator_sample(item), task=ANSWER) for item in items]
 
 
+def test_existence_drill_is_reference_chains_of_existence_questions_in_the_asked_style():
+    from shapesworld.chains import BY_OBJECT
+
+    items = list(generate_items(drill_seed(0, EXISTENCE), 8, qtypes=("existence",)))
+    assert {item.question.qtype for item in items} == {"existence"}
+    for existence in ("one-step", BY_OBJECT):
+        samples = list(itertools.islice(existence_stream(drill_seed(0, EXISTENCE), existence=existence), 8))
+        want = [dataclasses.replace(generator_sample(i, existence=existence), task=EXISTENCE) for i in items]
+        assert samples == want
+    assert all("is option" in s.target for s in samples)  # BY_OBJECT: the seen kind that is an option
+
+
 def test_drill_seeds_never_meet_each_other_the_tasks_or_the_heldout_seed():
     seeds = [{task_seed(s, t) for s in range(1000)} for t in TASKS]
-    seeds += [{drill_seed(s, d) for s in range(1000)} for d in (LETTERS, LOOKUP, ANSWER)]
-    assert len(set().union(*seeds)) == 6000 and HELDOUT_SEED not in set().union(*seeds)
+    seeds += [{drill_seed(s, d) for s in range(1000)} for d in (LETTERS, LOOKUP, ANSWER, EXISTENCE)]
+    assert len(set().union(*seeds)) == 7000 and HELDOUT_SEED not in set().union(*seeds)
     with pytest.raises(ValueError):
         drill_seed(-1, LOOKUP)
 

@@ -1,5 +1,6 @@
 """The training script's smoke configuration runs end to end, and a step is reproducible."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -91,6 +92,34 @@ def test_reply_before_marks_each_rows_reply_up_to_the_token():
     ]
 
 
+def test_token_weights_of_the_existence_drill_count_only_the_reasoning():
+    """An E sample's perception sentences weigh 0, its reasoning 1 and its letters the letter weight;
+    the same chain as a G sample weighs every token."""
+    import torch
+
+    from shapesworld.chains import BY_OBJECT
+    from shapesworld.model.corpus import EXISTENCE, GENERATOR, drill_seed, existence_stream, shapesworld_tokenizer
+    from shapesworld.model.train import SMOKE, encode, option_letter_ids, token_weights
+    from tinyvlm import build
+
+    tokenizer = shapesworld_tokenizer(SMOKE.tokenizer_items)
+    processor = build.make_processor(tokenizer)
+    sample = next(existence_stream(drill_seed(0, EXISTENCE), existence=BY_OBJECT))
+    labels = encode(processor, [sample]).labels
+    letters = torch.tensor(option_letter_ids(tokenizer))
+    so_id = tokenizer.convert_tokens_to_ids("\u0120So")
+    run = dataclasses.replace(SMOKE, letter_weight=3.0)
+    weights = token_weights(EXISTENCE, 1, run, labels, letters, so_id)
+    learned = labels[labels != -100].tolist()
+    first_so = learned.index(so_id)
+    reply = tokenizer.decode(learned)
+    assert reply.startswith("<think>") and "is option" in reply  # a by-object existence chain
+    assert weights[:first_so].eq(0).all() and weights[first_so:].gt(0).all()
+    is_letter = torch.isin(torch.tensor(learned), letters)
+    assert weights[is_letter].eq(3.0).all() and is_letter[first_so:].sum() >= 3  # "option X", answer, repeat
+    assert token_weights(GENERATOR, 1, run, labels, letters, so_id).gt(0).all()
+
+
 def test_perception_weight_changes_only_the_chain_steps_after_its_step(tmp_path: Path):
     """Cycle GON: step 1 a chain (G), 2 the lookup drill (O), 3 the answer drill (N), 4 a chain. With
     the chains' perception sentences weighed 0.3 after step 2, the first three steps are the same as
@@ -180,10 +209,10 @@ def test_growing_mid_run_trains_on_and_resumes_across_the_growth(tmp_path: Path)
 
 @pytest.mark.parametrize("flag", ["--spell-out-from", "--by-object-from"])
 def test_an_existence_switch_changes_only_the_chains_after_its_step_and_resumes_across_it(tmp_path: Path, flag):
-    """Cycle GN, 4 samples a step: step 3's chains (items 4-7) include an existence question. With
-    the switch at step 2, steps 1-2 are as without; step 3 is not; runs resumed before and after the
-    switch reach step 4's weights byte for byte."""
-    cycle = ("--seed", "0", "--max-steps", "4", "--checkpoint-steps", "1", "--cycle", "0:GN")
+    """Cycle GNE: step 3 is the existence drill (E), all existence questions. With the switch at step
+    2, steps 1-2 are as without; step 3 is not; runs resumed before and after the switch reach step
+    4's weights byte for byte."""
+    cycle = ("--seed", "0", "--max-steps", "4", "--checkpoint-steps", "1", "--cycle", "0:GNE")
     run_train(tmp_path / "plain", *cycle)
     run_train(tmp_path / "switched", *cycle, flag, "2")
     step = "checkpoints/step-{:06d}/model.safetensors".format
