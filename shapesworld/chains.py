@@ -20,9 +20,9 @@ Existence questions have three ways of reasoning (`existence=`; the other types 
   wrote the wrong option's text for most letters (writing option B's text means finding the prompt's
   letter A and copying what follows it, two hops), and its perception error rate fell to 2%; see README.
 - BY_OBJECT (`train.py --by-object-from`): one sentence for each kind of object the perception named,
-  in reading order, saying which option it is ("So the red triangle is option C." or "So the blue
-  square is not an option."). Each is the two-word lookup of the answer step, made once per object, so
-  a chain practises it up to four times; the answer is then the one object that is an option (or, for
+  in reading order, saying which option it is ("So red triangle C is an option." or "So blue square
+  is not an option."). Each is the two-word lookup of the answer step, made once per object, so a
+  chain practises it up to four times; the answer is then the one object that is an option (or, for
   "not in the image", the option no object is).
 
 The "So the answer is blue C." step is there on purpose: the prompt lists each option as its text
@@ -152,8 +152,11 @@ def _kinds_in_reading_order(objects: Sequence[WorldObject]) -> list[Ref]:
 
 
 def _which_option(kind: Ref, question: Question) -> str:
+    # The letter follows the object's words directly, as it does in the prompt's option line, so
+    # that it is the token an induction head copies ("is option C" put two tokens between them, and
+    # after 1,460 steps the model wrote one letter for every object).
     letter = question.letter_of(kind.noun_phrase())
-    return f"So the {kind.noun_phrase()} is {'not an option' if letter is None else f'option {letter}'}."
+    return f"So {kind.noun_phrase()} {'is not an option' if letter is None else f'{letter} is an option'}."
 
 
 def _article(shape: str) -> str:

@@ -127,12 +127,12 @@ def test_by_object_chains_say_which_option_each_seen_kind_is_and_change_nothing_
         assert len(said) == len(kinds)
         for sentence, kind in zip(said, kinds, strict=True):
             if kind in question.options:
-                assert sentence == f"So the {kind} is option {LETTERS[question.options.index(kind)]}."
+                assert sentence == f"So {kind} {LETTERS[question.options.index(kind)]} is an option."
             else:
-                assert sentence == f"So the {kind} is not an option."
+                assert sentence == f"So {kind} is not an option."
             assert classify_step(sentence) is StepKind.REASONING  # the proxy does not send it to a detector
         assert all(s.kind == REASONING for s in by_object.steps[n:])
-        options_seen = sum("is option" in s for s in said)
+        options_seen = sum(s.endswith(" is an option.") for s in said)
         assert options_seen == (3 if question.spec.negated else 1)  # the gold, or the three distractors
 
 

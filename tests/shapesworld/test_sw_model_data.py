@@ -95,7 +95,7 @@ def test_existence_drill_is_reference_chains_of_existence_questions_in_the_asked
         samples = list(itertools.islice(existence_stream(drill_seed(0, EXISTENCE), existence=existence), 8))
         want = [dataclasses.replace(generator_sample(i, existence=existence), task=EXISTENCE) for i in items]
         assert samples == want
-    assert all("is option" in s.target for s in samples)  # BY_OBJECT: the seen kind that is an option
+    assert all(" is an option." in s.target for s in samples)  # BY_OBJECT: the seen kind that is an option
 
 
 def test_drill_seeds_never_meet_each_other_the_tasks_or_the_heldout_seed():

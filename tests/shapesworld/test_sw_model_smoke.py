@@ -113,7 +113,7 @@ def test_token_weights_of_the_existence_drill_count_only_the_reasoning():
     learned = labels[labels != -100].tolist()
     first_so = learned.index(so_id)
     reply = tokenizer.decode(learned)
-    assert reply.startswith("<think>") and "is option" in reply  # a by-object existence chain
+    assert reply.startswith("<think>") and " is an option." in reply  # a by-object existence chain
     assert weights[:first_so].eq(0).all() and weights[first_so:].gt(0).all()
     is_letter = torch.isin(torch.tensor(learned), letters)
     assert weights[is_letter].eq(3.0).all() and is_letter[first_so:].sum() >= 3  # "option X", answer, repeat
