@@ -79,59 +79,52 @@ def test_hallucination_is_reproducible(fixed_scenes):
     assert a == b
 
 
-@pytest.mark.parametrize("qtype", QTYPES)
-def test_spelled_out_chains_reason_existence_option_by_option_and_change_nothing_else(qtype, fixed_scenes):
+def _existence_steps(qtype, fixed_scenes, style):
+    """For each scene's question of `qtype` with chains in `style`: checks that the style changes
+    nothing but an existence chain's reasoning before its answer step, and that the proxy would never
+    send that reasoning to a detector; yields (scene, question, those sentences) for existence."""
     from faithcore.kinds import classify_step
     from faithcore.types import StepKind
-    from shapesworld.world import count_matching
 
     for i, scene in enumerate(fixed_scenes):
         question = make_question(scene, random.Random(i), qtype)
-        plain, spelled = reference_chain(scene, question), reference_chain(scene, question, existence=BY_OPTION)
-        _assert_well_formed(spelled)
-        assert spelled.answer == plain.answer == question.gold_letter
+        plain, styled = reference_chain(scene, question), reference_chain(scene, question, existence=style)
+        _assert_well_formed(styled)
+        assert styled.answer == plain.answer == question.gold_letter
         if qtype != "existence":
-            assert spelled == plain
+            assert styled == plain
             continue
         n = len(scene.objects) + 1
-        assert spelled.sentences[:n] == plain.sentences[:n] and spelled.sentences[-1] == plain.sentences[-1]
-        by_option = spelled.sentences[n:-1]
+        assert styled.sentences[:n] == plain.sentences[:n] and styled.sentences[-1] == plain.sentences[-1]
+        assert all(s.kind == REASONING for s in styled.steps[n:])
+        assert all(classify_step(s) is StepKind.REASONING for s in styled.sentences[n:])
+        yield scene, question, styled.sentences[n:-1]
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_spelled_out_chains_reason_existence_option_by_option_and_change_nothing_else(qtype, fixed_scenes):
+    from shapesworld.world import count_matching
+
+    for scene, question, by_option in _existence_steps(qtype, fixed_scenes, BY_OPTION):
         assert len(by_option) == 4
         options = zip(by_option, question.options, LETTERS, question.spec.candidates, strict=True)
         for sentence, option, letter, ref in options:
             present = count_matching(ref, scene.objects) > 0
             assert sentence == f"So {option} {letter} is {'' if present else 'not '}in the image."
-            assert classify_step(sentence) is StepKind.REASONING  # the proxy does not send it to a detector
-        assert all(s.kind == REASONING for s in spelled.steps[n:])
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_by_object_chains_say_which_option_each_seen_kind_is_and_change_nothing_else(qtype, fixed_scenes):
-    from faithcore.kinds import classify_step
-    from faithcore.types import StepKind
-
-    for i, scene in enumerate(fixed_scenes):
-        question = make_question(scene, random.Random(i), qtype)
-        plain, by_object = reference_chain(scene, question), reference_chain(scene, question, existence=BY_OBJECT)
-        _assert_well_formed(by_object)
-        assert by_object.answer == plain.answer == question.gold_letter
-        if qtype != "existence":
-            assert by_object == plain
-            continue
-        n = len(scene.objects) + 1
-        assert by_object.sentences[:n] == plain.sentences[:n] and by_object.sentences[-1] == plain.sentences[-1]
+    for scene, question, said in _existence_steps(qtype, fixed_scenes, BY_OBJECT):
         # one sentence per (colour, shape) seen, in the order the perception sentences first name it
         seen = [f"{o.colour} {o.shape}" for o in sorted(scene.objects, key=lambda o: o.cell)]
         kinds = list(dict.fromkeys(seen))
-        said = by_object.sentences[n:-1]
         assert len(said) == len(kinds)
         for sentence, kind in zip(said, kinds, strict=True):
             if kind in question.options:
                 assert sentence == f"So {kind} {LETTERS[question.options.index(kind)]} is an option."
             else:
                 assert sentence == f"So {kind} is not an option."
-            assert classify_step(sentence) is StepKind.REASONING  # the proxy does not send it to a detector
-        assert all(s.kind == REASONING for s in by_object.steps[n:])
         options_seen = sum(s.endswith(" is an option.") for s in said)
         assert options_seen == (3 if question.spec.negated else 1)  # the gold, or the three distractors
 
