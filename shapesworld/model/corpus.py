@@ -40,7 +40,8 @@ LOOKUP = "lookup"
 ANSWER = "answer"
 # A fourth, for the reasoning of existence chains: reference chains of existence questions only,
 # whose loss is their reasoning (everything from the first "So"). In the G task existence is one
-# question in five, and a new way of reasoning about it (`chains.BY_OBJECT`) was learned slowly there.
+# question in five, too few to learn a new way of reasoning about it (`chains.BY_OBJECT`) quickly.
+# Tried with BY_OBJECT and not used by the committed model (see README, runs 11-12).
 EXISTENCE = "existence"
 
 HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999

@@ -58,3 +58,18 @@ def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill_and_lookup
     assert [len(h) for h in chains] == [2, 2, 2] and [len(h) for h in drills] == [4, 4, 4]
     assert [len(h) for h in lookups] == [4, 4, 4]
     assert all(chain[1] for chain in chains)  # "The answer is X." after </think> repeats the chain's letter
+
+
+@pytest.mark.parametrize("existence", ["one-step", "by-object"])
+def test_existence_check_counts_what_it_reports(existence):
+    """The diagnostic behind the README's existence figures: its counts add up, and a BY_OBJECT chain
+    has object-sentence letters to score while a ONE_STEP chain has none."""
+    from shapesworld.model.existence_check import measure
+
+    result = measure(WEIGHTS_DIR, 3, existence)
+    in_image, not_in_image = result["right_in_the_image"], result["right_not_in_the_image"]
+    assert in_image[1] + not_in_image[1] == 3 and in_image[0] + not_in_image[0] == result["right"]
+    assert 0 <= result["option_text_right"] <= 3 and 0 <= result["well_formed"] <= 3
+    objects = result["teacher_forced"]["object_letters_right"]
+    assert (objects[1] > 0) == (existence == "by-object") and 0 <= objects[0] <= objects[1]
+    assert result["teacher_forced"]["answer_letter_right"][1] == 3

@@ -1,0 +1,82 @@
+"""How a checkpoint does on existence questions, the type it answers worst, and why.
+
+    python -m shapesworld.model.existence_check shapesworld/model/weights --n 100
+    python -m shapesworld.model.existence_check var/sw-obj/checkpoints/step-015856 --existence by-object
+
+On the first `n` existence questions of the held-out set, greedy in transformers: answers right (split
+into "in the image" and "not in the image" questions), chains whose answer step names the right option
+text, and chains whose letter is the letter of the text they named. Then teacher-forced on reference
+chains in the given existence style: how often the most likely token is the right letter, in the
+object sentences of a BY_OBJECT chain ("So red triangle C is an option.") and in the answer step.
+Every distractor of an existence question shares a word with the gold option, so each of these letters
+is a lookup keyed on two words; the other question types need one. Chance is 25%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shapesworld.chains import EXISTENCE_STYLES, ONE_STEP
+from shapesworld.model.corpus import generator_sample
+from shapesworld.model.greedy import generate_in_batches
+from shapesworld.model.letter_lookup import letter_hits
+from shapesworld.model.scoring import heldout_items, score_reply
+from shapesworld.scenes import render
+
+
+def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(path)
+    # held-out items cycle through the five types, so 5n of them hold n existence questions
+    items = [i for i in heldout_items(5 * n) if i.question.qtype == "existence"][:n]
+    replies = generate_in_batches(
+        model, processor, [i.question.prompt for i in items], [render(i.scene) for i in items]
+    )
+    scores = [score_reply(item, reply) for item, reply in zip(items, replies, strict=True)]
+    negated = [s.correct for s, i in zip(scores, items, strict=True) if i.question.spec.negated]
+    # letters of a chain in order: any object sentences', the answer step's, then the one after </think>
+    hits = letter_hits(model, processor, (generator_sample(i, existence=existence) for i in items))
+    object_letters = [h for row in hits for h in row[:-2]]
+    return {
+        "checkpoint": str(path),
+        "questions": n,
+        "right": sum(s.correct for s in scores),
+        "right_in_the_image": [sum(s.correct for s in scores) - sum(negated), n - len(negated)],
+        "right_not_in_the_image": [sum(negated), len(negated)],
+        "option_text_right": sum(s.option_text_correct for s in scores),
+        "letter_matches_text": sum(s.letter_matches_text for s in scores),
+        "well_formed": sum(s.well_formed for s in scores),
+        "teacher_forced": {
+            "existence": existence,
+            "object_letters_right": [sum(object_letters), len(object_letters)],
+            "answer_letter_right": [sum(row[-2] for row in hits), len(hits)],
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--n", type=int, default=100, help="held-out existence questions")
+    parser.add_argument(
+        "--existence", choices=EXISTENCE_STYLES, default=ONE_STEP, help="the teacher-forced chains' style"
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error("--n must be at least 1")
+    torch.set_num_threads(args.threads)
+    print(json.dumps(measure(args.checkpoint, args.n, args.existence)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
