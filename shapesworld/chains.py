@@ -12,9 +12,9 @@ object in reading order), then reasoning that ends by mapping the conclusion to 
 
 Existence questions have three ways of reasoning (`existence=`; the other types have one):
 - ONE_STEP, the default: all four options judged in one sentence ("So of the options only the red
-  triangle is in the image."). The model learned it least: its answers were 23-37% right, and with
-  the right option named its letter was right in 2 of 11 chains, since every distractor shares a word
-  with the gold, so the lookup must match two words, not one.
+  triangle is in the image."). The model learned it least: its answers were 23-37% right, and of 100
+  held-out chains 49 named the right option but only 25 gave the letter of the option they named,
+  since every distractor shares a word with the gold, so the lookup must match two words, not one.
 - BY_OPTION (`train.py --spell-out-from`): option by option with its letter ("So green triangle A is
   not in the image. ..."). Tried and dropped: after 1,150 steps (from step 13457) the model still
   wrote the wrong option's text for most letters (writing option B's text means finding the prompt's
@@ -24,8 +24,8 @@ Existence questions have three ways of reasoning (`existence=`; the other types 
   is not an option."). Each is the two-word lookup of the answer step, made once per object, so a
   chain practises it up to four times; the answer is then the one object that is an option (or, for
   "not in the image", the option no object is). Tried and dropped too (runs 11-12 in the README):
-  in 1,900 steps from step 14453 the model came to name the right option's text more often (49% ->
-  60% of 100 held-out existence chains) but not its letter: the letters of its object sentences
+  in 2,355 steps from step 14453 the model came to name the right option's text more often (49% ->
+  60-67% of 100 held-out existence chains) but not its letter: the letters of its object sentences
   stayed at 45-52% even teacher-forced, and its answer step learned to copy the letter from them,
   so existence answers stayed at 27-35%.
 
