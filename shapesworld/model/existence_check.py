@@ -14,18 +14,16 @@ is a lookup keyed on two words; the other question types need one. Chance is 25%
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from shapesworld.chains import EXISTENCE_STYLES, ONE_STEP
+from shapesworld.chains import ONE_STEP
 from shapesworld.model.corpus import generator_sample
 from shapesworld.model.greedy import generate_in_batches
-from shapesworld.model.letter_lookup import letter_hits
+from shapesworld.model.letter_lookup import checkpoint_cli, letter_hits
 from shapesworld.model.scoring import heldout_items, score_reply
 from shapesworld.scenes import render
 
@@ -63,19 +61,7 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--n", type=int, default=100, help="held-out existence questions")
-    parser.add_argument(
-        "--existence", choices=EXISTENCE_STYLES, default=ONE_STEP, help="the teacher-forced chains' style"
-    )
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    if args.n < 1:
-        parser.error("--n must be at least 1")
-    torch.set_num_threads(args.threads)
-    print(json.dumps(measure(args.checkpoint, args.n, args.existence)))
-    return 0
+    return checkpoint_cli(argv, __doc__ or "", measure, 100, "held-out existence questions")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import argparse
 import itertools
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,18 +60,28 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def checkpoint_cli(
+    argv: list[str] | None, doc: str, measure_fn: Callable[[Path, int, str], dict[str, Any]], n: int, n_help: str
+) -> int:
+    """The command line of a checkpoint diagnostic (this one, `existence_check`): a checkpoint, --n,
+    the chains' --existence style and --threads; prints the measurement as one JSON line."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--n", type=int, default=40, help="held-out chains and drills")
+    parser.add_argument("--n", type=int, default=n, help=n_help)
     parser.add_argument(
         "--existence", choices=EXISTENCE_STYLES, default=ONE_STEP, help="the chains' existence style (see chains)"
     )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error("--n must be at least 1")
     torch.set_num_threads(args.threads)
-    print(json.dumps(measure(args.checkpoint, args.n, args.existence)))
+    print(json.dumps(measure_fn(args.checkpoint, args.n, args.existence)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return checkpoint_cli(argv, __doc__ or "", measure, 40, "held-out chains and drills")
 
 
 if __name__ == "__main__":
