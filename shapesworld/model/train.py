@@ -6,8 +6,8 @@
 Everything is seeded: the tokenizer's corpus, the initial weights, and the data stream (task of each
 step from a fixed cycle, samples from `corpus.stream`), so the weights after step S are a function of
 (seed, size, S) and the step-keyed flags (`--cycle`, loss weights, `--grow`, `--spell-out-from`,
-`--by-object-from`), and
-`--max-steps S` reproduces a checkpoint (`training_info.json` records its step).
+`--by-object-from`), and `--max-steps S` reproduces a checkpoint (`training_info.json` records its
+step).
 The learning rate depends on the step only; `--minutes` bounds the run's wall time, so how many steps
 a run gets depends on the machine, not what a given step computes.
 
@@ -108,11 +108,10 @@ class RunConfig:
     perception_weight_from: int = 0
     # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
     # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP; N and E, corpus.ANSWER and
-    # corpus.EXISTENCE). The committed model's run
-    # brought L in at step 2437, but the model answered it by elimination and its chains named the
-    # right option's letter no more often than chance; 1,400 steps of O alone (from step 6579) built
-    # the lookup, and mixed cycles from step 8000, with the answer drill N from 9976, carried it into
-    # the chains (see README).
+    # corpus.EXISTENCE). The committed model's run brought L in at step 2437, but the model answered
+    # it by elimination and its chains named the right option's letter no more often than chance;
+    # 1,400 steps of O alone (from step 6579) built the lookup, and mixed cycles from step 8000, with
+    # the answer drill N from 9976, carried it into the chains (see README).
     cycles: tuple[tuple[int, str], ...] = ()
     # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
     # grow.py). None keeps the size's depth.
