@@ -5,9 +5,11 @@
 
 On the first `n` existence questions of the held-out set, greedy in transformers: answers right (split
 into "in the image" and "not in the image" questions), chains whose answer step names the right option
-text, and chains whose letter is the letter of the text they named. Then teacher-forced on reference
-chains in the given existence style: how often the most likely token is the right letter, in the
-object sentences of a BY_OBJECT chain ("So red triangle C is an option.") and in the answer step.
+text, and chains whose letter is the letter of the text they named; of those naming the right text,
+how many got the letter, split by how many options end in the same word as the right one. Then
+teacher-forced on reference chains in the given existence style: how often the most likely token is
+the right letter, in the object sentences of a BY_OBJECT chain ("So red triangle C is an option.")
+and in the answer step.
 Every distractor of an existence question shares a word with the gold option, so each of these letters
 is a lookup keyed on two words; the other question types need one. Chance is 25%.
 """
@@ -40,6 +42,15 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
     )
     scores = [score_reply(item, reply) for item, reply in zip(items, replies, strict=True)]
     negated = [s.correct for s, i in zip(scores, items, strict=True) if i.question.spec.negated]
+    # Of the chains that name the right option text: is their letter right, by how many options end in
+    # the same word as the gold? A lookup keyed on the last word alone picks among those: 1/2, 1/3, 1/4.
+    sharing: dict[str, list[int]] = {}
+    for score, item in zip(scores, items, strict=True):
+        if score.option_text_correct:
+            last = item.question.gold_text.split()[-1]
+            tally = sharing.setdefault(str(sum(o.split()[-1] == last for o in item.question.options)), [0, 0])
+            tally[0] += score.correct
+            tally[1] += 1
     # letters of a chain in order: any object sentences', the answer step's, then the one after </think>
     hits = letter_hits(model, processor, (generator_sample(i, existence=existence) for i in items))
     object_letters = [h for row in hits for h in row[:-2]]
@@ -52,6 +63,7 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
         "option_text_right": sum(s.option_text_correct for s in scores),
         "letter_matches_text": sum(s.letter_matches_text for s in scores),
         "well_formed": sum(s.well_formed for s in scores),
+        "right_text_letter_right_by_options_ending_alike": dict(sorted(sharing.items())),
         "teacher_forced": {
             "existence": existence,
             "object_letters_right": [sum(object_letters), len(object_letters)],

@@ -70,6 +70,9 @@ def test_existence_check_counts_what_it_reports(existence):
     in_image, not_in_image = result["right_in_the_image"], result["right_not_in_the_image"]
     assert in_image[1] + not_in_image[1] == 3 and in_image[0] + not_in_image[0] == result["right"]
     assert 0 <= result["option_text_right"] <= 3 and 0 <= result["well_formed"] <= 3
+    split = result["right_text_letter_right_by_options_ending_alike"]
+    assert sum(n for _, n in split.values()) == result["option_text_right"]
+    assert all(k in {"1", "2", "3", "4"} and 0 <= right <= n for k, (right, n) in split.items())
     objects = result["teacher_forced"]["object_letters_right"]
     assert (objects[1] > 0) == (existence == "by-object") and 0 <= objects[0] <= objects[1]
     assert result["teacher_forced"]["answer_letter_right"][1] == 3
