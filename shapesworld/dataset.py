@@ -20,8 +20,12 @@ from pathlib import Path
 from shapesworld.chains import Chain, Hallucination, hallucinated_chain, reference_chain
 from shapesworld.examples import TextExample, regeneration_example, self_check_examples
 from shapesworld.export import image_filename, image_sha256, write_chains_jsonl
-from shapesworld.questions import QTYPES, NoQuestionError, Question, make_question
+from shapesworld.questions import QTYPES, NoQuestionError, Question, join_existence, make_question
 from shapesworld.scenes import DEFAULT_SIZE, Scene, generate_scene
+
+# Whether existence options are written as one word each ("red-square"); the language of the
+# committed model's questions. Its run trained on the two-word options up to `--joined-from`.
+JOINED_EXISTENCE = False
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,16 @@ def generate_items(
     qtypes: Sequence[str] = QTYPES,
     hallucination_rate: float = 0.0,
     start: int = 0,
+    joined: bool = JOINED_EXISTENCE,
 ) -> Iterator[Item]:
+    """Items `start` .. `start + count - 1` of `seed`; `joined`: existence options as one word each
+    (`questions.join_existence`), which changes their text and nothing else."""
     for i in range(start, start + count):
         rng = random.Random(f"shapesworld-item:{seed}:{i}")
         scene = generate_scene(seed, i, width=size)
         qtype, question = _question(scene, rng, qtypes, i)
+        if joined:
+            question = join_existence(question)
         hallucination = hallucinated_chain(scene, question, rng) if rng.random() < hallucination_rate else None
         chain = hallucination.chain if hallucination is not None else reference_chain(scene, question)
         yield Item(f"sw-{seed}-{i}-{qtype}", scene, question, chain, hallucination)

@@ -37,6 +37,10 @@ class AttributeSpec:
 class ExistenceSpec:
     candidates: tuple[Ref, ...]  # in option order
     negated: bool
+    joined: bool = False  # options written as one word each ("red-square"; see `join_existence`)
+
+    def option_text(self, ref: Ref) -> str:
+        return ref.noun_phrase().replace(" ", "-") if self.joined else ref.noun_phrase()
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,26 @@ def make_question(scene: Scene, rng: random.Random, qtype: str) -> Question:
     return Question(qtype, text, tuple(options), LETTERS[options.index(gold)], gold, spec)
 
 
+def join_existence(question: Question) -> Question:
+    """An existence question with each option written as one word ("red-square", a token of its own
+    in the committed model's tokenizer, `corpus.JOINED_TOKENS`); any other question as it is.
+
+    Every distractor of an existence question shares its colour or its shape with the gold option,
+    so finding the letter of "red square" among "red circle", "blue square", ... means matching two
+    words, and the 6-layer model learned only to match the last one: of the chains that named the
+    right option, about 1/2, 1/3, 1/3 gave its letter when 1, 2, 3 other options ended in the same
+    word (`existence_check`). As one token, the option is found by the one-token match the model
+    does well on every other type. The question itself (what is and is not in the image) is the same.
+    """
+    spec = question.spec
+    if not isinstance(spec, ExistenceSpec) or spec.joined:
+        return question
+    spec = ExistenceSpec(spec.candidates, spec.negated, joined=True)
+    options = tuple(spec.option_text(ref) for ref in spec.candidates)
+    gold = options[LETTERS.index(question.gold_letter)]
+    return Question(question.qtype, question.text, options, question.gold_letter, gold, spec)
+
+
 def solve(spec: Spec, objects: Sequence[WorldObject]) -> str | None:
     """The answer text for these objects, or None when the question has no single answer."""
     if isinstance(spec, CountSpec):
@@ -132,7 +156,7 @@ def solve(spec: Spec, objects: Sequence[WorldObject]) -> str | None:
         return found[0].colour if spec.attribute == "colour" else found[0].shape
     if isinstance(spec, ExistenceSpec):
         hits = [r for r in spec.candidates if (count_matching(r, objects) > 0) != spec.negated]
-        return hits[0].noun_phrase() if len(hits) == 1 else None
+        return spec.option_text(hits[0]) if len(hits) == 1 else None
     if isinstance(spec, RelationSpec):
         related = related_objects(spec, objects)
         return related[0].shape if related is not None and len(related) == 1 else None

@@ -20,9 +20,10 @@ from typing import Any
 from PIL import Image
 
 from shapesworld.chains import ONE_STEP, reference_chain
-from shapesworld.dataset import Item, generate_items, item_examples
+from shapesworld.dataset import JOINED_EXISTENCE, Item, generate_items, item_examples
 from shapesworld.questions import QTYPES
 from shapesworld.scenes import Scene, render
+from shapesworld.world import COLOURS, SHAPES
 
 GENERATOR, REGENERATION, SELF_CHECK = "generator", "regeneration", "self_check"
 TASKS = (GENERATOR, REGENERATION, SELF_CHECK)
@@ -109,26 +110,27 @@ def lookup_sample(item: Item, rng: random.Random, asks: int = 4) -> Sample:
     return Sample(LOOKUP, item.scene, text, f"Found: {said}")
 
 
-def lookup_stream(item_seed: int) -> Iterator[Sample]:
+def lookup_stream(item_seed: int, *, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:
     rng = random.Random(f"shapesworld-model:{item_seed}:{LOOKUP}")
-    return (lookup_sample(item, rng) for item in _items(item_seed, 0.0))
+    return (lookup_sample(item, rng) for item in _items(item_seed, 0.0, joined=joined))
 
 
-def answer_stream(item_seed: int, *, existence: str = ONE_STEP) -> Iterator[Sample]:
+def answer_stream(item_seed: int, *, existence: str = ONE_STEP, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:
     """Generator samples under the task name ANSWER (the trainer weighs only their letters)."""
-    return (replace(generator_sample(item, existence=existence), task=ANSWER) for item in _items(item_seed, 0.0))
+    items = _items(item_seed, 0.0, joined=joined)
+    return (replace(generator_sample(item, existence=existence), task=ANSWER) for item in items)
 
 
-def existence_stream(item_seed: int, *, existence: str = ONE_STEP) -> Iterator[Sample]:
+def existence_stream(item_seed: int, *, existence: str = ONE_STEP, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:
     """Generator samples of existence questions only, under the task name EXISTENCE (the trainer
     weighs only their reasoning)."""
-    items = _items(item_seed, 0.0, qtypes=("existence",))
+    items = _items(item_seed, 0.0, qtypes=("existence",), joined=joined)
     return (replace(generator_sample(item, existence=existence), task=EXISTENCE) for item in items)
 
 
-def letters_stream(item_seed: int) -> Iterator[Sample]:
+def letters_stream(item_seed: int, *, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:
     rng = random.Random(f"shapesworld-model:{item_seed}:{LETTERS}")
-    return (letters_sample(item, rng) for item in _items(item_seed, 0.0))
+    return (letters_sample(item, rng) for item in _items(item_seed, 0.0, joined=joined))
 
 
 def generator_sample(item: Item, *, existence: str = ONE_STEP) -> Sample:
@@ -137,26 +139,33 @@ def generator_sample(item: Item, *, existence: str = ONE_STEP) -> Sample:
     return Sample(GENERATOR, item.scene, item.question.prompt, chain.text())
 
 
-def stream(item_seed: int, task: str, *, existence: str = ONE_STEP) -> Iterator[Sample]:
-    """Endless samples of one task from the items of `item_seed` (`task_seed(...)` when training)."""
+def stream(
+    item_seed: int, task: str, *, existence: str = ONE_STEP, joined: bool = JOINED_EXISTENCE
+) -> Iterator[Sample]:
+    """Endless samples of one task from the items of `item_seed` (`task_seed(...)` when training);
+    `joined`: existence options as one word each (`questions.join_existence`)."""
     if task == GENERATOR:
-        return (generator_sample(item, existence=existence) for item in _items(item_seed, 0.0))
-    return auxiliary_stream(item_seed, task)
+        return (generator_sample(item, existence=existence) for item in _items(item_seed, 0.0, joined=joined))
+    return auxiliary_stream(item_seed, task, joined=joined)
 
 
-def _items(item_seed: int, hallucination_rate: float, qtypes: Sequence[str] = QTYPES) -> Iterator[Item]:
+def _items(
+    item_seed: int, hallucination_rate: float, qtypes: Sequence[str] = QTYPES, *, joined: bool = JOINED_EXISTENCE
+) -> Iterator[Item]:
     i = 0
     while True:
-        yield from generate_items(item_seed, 256, start=i, hallucination_rate=hallucination_rate, qtypes=qtypes)
+        yield from generate_items(
+            item_seed, 256, start=i, hallucination_rate=hallucination_rate, qtypes=qtypes, joined=joined
+        )
         i += 256
 
 
-def auxiliary_stream(item_seed: int, task: str) -> Iterator[Sample]:
+def auxiliary_stream(item_seed: int, task: str, *, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:
     """Regeneration or self-check samples; a self-check item gives one of its FAITHFUL/UNFAITHFUL
     pair (chosen by a seeded coin) so that consecutive samples are different scenes."""
     rate = 1.0 if task == REGENERATION else HALLUCINATION_RATE
     rng = random.Random(f"shapesworld-model:{item_seed}:{task}")
-    for item in _items(item_seed, rate):
+    for item in _items(item_seed, rate, joined=joined):
         examples = [e for e in item_examples(item) if e.task == task]
         if examples:
             example = examples[0] if task == REGENERATION else rng.choice(examples)
@@ -164,9 +173,11 @@ def auxiliary_stream(item_seed: int, task: str) -> Iterator[Sample]:
 
 
 def tokenizer_texts(count: int = TOKENIZER_ITEMS) -> list[str]:
-    """Every kind of prompt and reply the model sees, from a seed of their own."""
+    """Every kind of prompt and reply the model sees, from a seed of their own. Existence options in
+    two words: the BPE was trained before the joined ones existed, and they are added tokens
+    (`add_joined_tokens`), so that it stays the same."""
     texts = []
-    for item in generate_items(TOKENIZER_SEED, count, hallucination_rate=0.5):
+    for item in generate_items(TOKENIZER_SEED, count, hallucination_rate=0.5, joined=False):
         sample = generator_sample(item)
         texts += [sample.text, sample.target]
         for example in item_examples(item):
@@ -179,3 +190,15 @@ def shapesworld_tokenizer(count: int = TOKENIZER_ITEMS) -> Any:
     from tinyvlm.tokenizer import train_tokenizer
 
     return train_tokenizer(tokenizer_texts(count))
+
+
+# One token for each colour-shape pair as existence options write it (`questions.join_existence`).
+JOINED_TOKENS = tuple(f"{colour}-{shape}" for colour in COLOURS for shape in SHAPES)
+
+
+def add_joined_tokens(tokenizer: Any) -> list[int]:
+    """Adds JOINED_TOKENS to the tokenizer as ordinary (non-special) added tokens, matched before
+    the BPE runs; returns their ids. " red-square A" becomes " ", "red-square", " A": the space stays
+    a token of its own, so the letter still follows the option's one token, as the lookup needs."""
+    tokenizer.add_tokens(list(JOINED_TOKENS))
+    return tokenizer.convert_tokens_to_ids(list(JOINED_TOKENS))

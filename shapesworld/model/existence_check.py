@@ -47,8 +47,10 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
     sharing: dict[str, list[int]] = {}
     for score, item in zip(scores, items, strict=True):
         if score.option_text_correct:
-            last = item.question.gold_text.split()[-1]
-            tally = sharing.setdefault(str(sum(o.split()[-1] == last for o in item.question.options)), [0, 0])
+            # joined options ("red-square") are still told apart by their last word for this tally
+            last = _last_word(item.question.gold_text)
+            same = sum(_last_word(o) == last for o in item.question.options)
+            tally = sharing.setdefault(str(same), [0, 0])
             tally[0] += score.correct
             tally[1] += 1
     # letters of a chain in order: any object sentences', the answer step's, then the one after </think>
@@ -70,6 +72,10 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
             "answer_letter_right": [sum(row[-2] for row in hits), len(hits)],
         },
     }
+
+
+def _last_word(option: str) -> str:
+    return option.replace("-", " ").split()[-1]
 
 
 def main(argv: list[str] | None = None) -> int:

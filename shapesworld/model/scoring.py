@@ -21,7 +21,7 @@ from detectors.self_check_prompt import parse_self_check
 from faithcore.segmenter import segment_text
 from regenerators.prompts import parse_bracketed
 from shapesworld.claims import PERCEPTION, check_chain, check_chain_image, check_sentence
-from shapesworld.dataset import Item, generate_items
+from shapesworld.dataset import JOINED_EXISTENCE, Item, generate_items
 from shapesworld.language import CountClaim, ObjectClaim, is_reasoning
 from shapesworld.model.corpus import HELDOUT_SEED
 from shapesworld.questions import QTYPES
@@ -32,9 +32,9 @@ _OPTION = re.compile(r"So the answer is (.+?) ([A-D])\.(?:\s|$)")
 _WELL_FORMED = re.compile(r"<think>\n[^\n]+\n</think>\n\nThe answer is [A-D]\.", re.DOTALL)
 
 
-def heldout_items(count: int, seed: int = HELDOUT_SEED) -> list[Item]:
+def heldout_items(count: int, seed: int = HELDOUT_SEED, *, joined: bool = JOINED_EXISTENCE) -> list[Item]:
     """Held-out scenes and questions; question types cycle, so `count` = 5k gives k of each."""
-    return list(generate_items(seed, count))
+    return list(generate_items(seed, count, joined=joined))
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from shapesworld.model.corpus import (
 )
 from shapesworld.model.greedy import generate_in_batches
 from shapesworld.model.grow import grow, grown_positions
+from shapesworld.model.joined_vocab import join_vocab
 from shapesworld.model.probe import CellProbe, PositionProbe, VisionTap
 from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
 from shapesworld.scenes import DEFAULT_SIZE, render
@@ -121,6 +122,10 @@ class RunConfig:
     # module); the same items, so only their text changes. At most one of the two.
     spell_out_from: int | None = None
     by_object_from: int | None = None
+    # `--joined-from STEP`: after STEP, existence options are one word each ("red-square"; see
+    # `questions.join_existence`) in every task's items and the held-out set, and the model gets a
+    # token for each (joined_vocab.py). The same items, so only their text changes.
+    joined_from: int | None = None
 
     @property
     def existence_switch(self) -> tuple[int, str] | None:
@@ -132,6 +137,20 @@ class RunConfig:
         if self.by_object_from is not None:
             return self.by_object_from, BY_OBJECT
         return None
+
+    def existence_at(self, step: int) -> str:
+        """The existence style of step `step`'s chains."""
+        switch = self.existence_switch
+        return switch[1] if switch is not None and step > switch[0] else ONE_STEP
+
+    def joined_at(self, step: int) -> bool:
+        """Whether step `step`'s existence options are joined."""
+        return self.joined_from is not None and step > self.joined_from
+
+    def switch_steps(self) -> set[int]:
+        """The steps after which the streams change their text (`--*-from`)."""
+        steps = {self.existence_switch[0]} if self.existence_switch is not None else set()
+        return steps | ({self.joined_from} if self.joined_from is not None else set())
 
 
 SMOKE = RunConfig(size="smoke", batch_size=4, heldout=5, heldout_aux=4, tokenizer_items=300, max_new_tokens=24)
@@ -207,9 +226,12 @@ def encode(processor: Any, samples: Sequence[Sample]) -> Batch:
 class HeldOut:
     """The fixed held-out set: chains for every question type, and auxiliary-task examples."""
 
-    def __init__(self, run: RunConfig) -> None:
-        self.items = heldout_items(run.heldout)
-        self.aux = {task: _take(stream(HELDOUT_SEED, task), run.heldout_aux) for task in (REGENERATION, SELF_CHECK)}
+    def __init__(self, run: RunConfig, joined: bool) -> None:
+        self.items = heldout_items(run.heldout, joined=joined)
+        self.aux = {
+            task: _take(stream(HELDOUT_SEED, task, joined=joined), run.heldout_aux)
+            for task in (REGENERATION, SELF_CHECK)
+        }
         self.max_new_tokens = run.max_new_tokens
 
     @torch.no_grad()
@@ -336,12 +358,9 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     size = cfg.SIZES[run.size]
     model = cfg.build_model(tokenizer, size, opts.seed)
     n_params = cfg.count_parameters(model)
-    heldout = HeldOut(run)
-    streams = {task: stream(task_seed(opts.seed, task), task) for task in TASKS if task != GENERATOR}
-    for drill, drill_stream in ((LETTERS, letters_stream), (LOOKUP, lookup_stream)):
-        streams[drill] = drill_stream(drill_seed(opts.seed, drill))
-    streams |= _chain_streams(opts.seed, ONE_STEP)
-    switch = run.existence_switch
+    run.existence_switch  # noqa: B018 -- refuses both existence switches before anything runs
+    heldout = HeldOut(run, joined=False)
+    streams = _streams(opts.seed, ONE_STEP, joined=False)
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -366,8 +385,12 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
         if run.grow is not None and _step_of(opts.resume) > run.grow[0]:
             # the checkpoint is already grown: grow the same way, so its weights and optimizer fit
             n_params = _grow(model, optimizer, run.grow, opts.seed)
-        if switch is not None and _step_of(opts.resume) > switch[0]:
-            _switch_chains(streams, 0, switch[1], run, opts.seed)  # before the fast-forward, which skips their items
+        resumed_at = _step_of(opts.resume)
+        if run.joined_at(resumed_at):  # the checkpoint has the joined tokens: so must the model
+            join_vocab(model, tokenizer)
+            heldout = HeldOut(run, joined=True)
+        # the streams of the checkpoint's step, before the fast-forward (which skips their items)
+        streams = _streams(opts.seed, run.existence_at(resumed_at), joined=run.joined_at(resumed_at))
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run)
@@ -390,8 +413,12 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")  # every reasoning sentence starts "So"
     while True:
         step += 1
-        if switch is not None and step == switch[0] + 1:
-            _switch_chains(streams, step - 1, switch[1], run, opts.seed)
+        if step - 1 in run.switch_steps():
+            _switch_streams(streams, step - 1, run, opts.seed)
+        if run.joined_from is not None and step == run.joined_from + 1:
+            join_vocab(model, tokenizer, optimizer)
+            heldout = HeldOut(run, joined=True)
+            print(f"joined existence options: vocab {len(tokenizer)}", flush=True)
         if run.grow is not None and step == run.grow[0] + 1:
             n_params = _grow(model, optimizer, run.grow, opts.seed)
             print(f"grew to {model.config.text_config.num_hidden_layers} layers, {n_params:,} parameters", flush=True)
@@ -504,23 +531,28 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
         _take(streams[task_of_step(s, run)], run.batch_size)
 
 
-def _chain_streams(seed: int, existence: str) -> dict[str, Any]:
-    """The streams of reference chains (G, and the drills N and E), all built here so that the
-    chains of every existence style are the same items."""
-    return {
-        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, existence=existence),
-        ANSWER: answer_stream(drill_seed(seed, ANSWER), existence=existence),
-        EXISTENCE: existence_stream(drill_seed(seed, EXISTENCE), existence=existence),
+def _streams(seed: int, existence: str, joined: bool) -> dict[str, Any]:
+    """Every task's stream, all built here so that every existence style and option spelling draws
+    the same items: `existence` is how chains (G and the drills N and E) reason about existence,
+    `joined` whether existence options are one word each."""
+    out = {task: stream(task_seed(seed, task), task, joined=joined) for task in (REGENERATION, SELF_CHECK)}
+    out[LETTERS] = letters_stream(drill_seed(seed, LETTERS), joined=joined)
+    out[LOOKUP] = lookup_stream(drill_seed(seed, LOOKUP), joined=joined)
+    return out | {
+        GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, existence=existence, joined=joined),
+        ANSWER: answer_stream(drill_seed(seed, ANSWER), existence=existence, joined=joined),
+        EXISTENCE: existence_stream(drill_seed(seed, EXISTENCE), existence=existence, joined=joined),
     }
 
 
-def _switch_chains(streams: dict[str, Any], done: int, existence: str, run: RunConfig, seed: int) -> None:
-    """Swaps the chain streams (G, N, E) for ones of another existence style at the item that steps
-    1..`done` reached."""
-    for task, switched in _chain_streams(seed, existence).items():
+def _switch_streams(streams: dict[str, Any], done: int, run: RunConfig, seed: int) -> None:
+    """Swaps every stream for one with the text of step `done + 1` (existence style, option
+    spelling) at the item that steps 1..`done` reached."""
+    switched = _streams(seed, run.existence_at(done + 1), joined=run.joined_at(done + 1))
+    for task, fresh in switched.items():
         used = sum(task_of_step(s, run) == task for s in range(1, done + 1)) * run.batch_size
-        next(itertools.islice(switched, used, used), None)  # skips `used` samples
-        streams[task] = switched
+        next(itertools.islice(fresh, used, used), None)  # skips `used` samples
+        streams[task] = fresh
 
 
 def _step_of(checkpoint: Path) -> int:
@@ -635,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
         "--by-object-from", type=int, help="after this step, chains reason about existence object by object"
     )
     parser.add_argument(
+        "--joined-from", type=int, help="after this step, existence options are one token each (red-square)"
+    )
+    parser.add_argument(
         "--grow",
         type=_grow_spec,
         metavar="STEP:POSITIONS",
@@ -669,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         grow=args.grow,
         spell_out_from=args.spell_out_from,
         by_object_from=args.by_object_from,
+        joined_from=args.joined_from,
     )
     report = train(args.out, run, opts)
     return 0 if report.get("chosen") else 1

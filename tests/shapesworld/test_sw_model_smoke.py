@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from shapesworld.model.corpus import JOINED_TOKENS  # noqa: E402 -- after the import skips
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -207,23 +209,38 @@ def test_growing_mid_run_trains_on_and_resumes_across_the_growth(tmp_path: Path)
     assert len(state["optimizer"]["param_groups"]) == 2  # the new layer's parameters are a group of their own
 
 
-@pytest.mark.parametrize("flag", ["--spell-out-from", "--by-object-from"])
-def test_an_existence_switch_changes_only_the_chains_after_its_step_and_resumes_across_it(tmp_path: Path, flag):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--spell-out-from", "2"),
+        ("--by-object-from", "2"),
+        ("--joined-from", "2"),
+        ("--joined-from", "2", "--by-object-from", "2"),
+    ],
+)
+def test_an_existence_switch_changes_only_the_chains_after_its_step_and_resumes_across_it(tmp_path: Path, flags):
     """Cycle GNE: step 3 is the existence drill (E), all existence questions. With the switch at step
-    2, steps 1-2 are as without; step 3 is not; runs resumed before and after the switch reach step
-    4's weights byte for byte."""
+    2, steps 1-2 are as without; step 3 is not; runs resumed before, at and after the switch reach
+    step 4's weights byte for byte."""
     cycle = ("--seed", "0", "--max-steps", "4", "--checkpoint-steps", "1", "--cycle", "0:GNE")
     run_train(tmp_path / "plain", *cycle)
-    run_train(tmp_path / "switched", *cycle, flag, "2")
+    result = run_train(tmp_path / "switched", *cycle, *flags)
     step = "checkpoints/step-{:06d}/model.safetensors".format
     assert (tmp_path / "plain" / step(2)).read_bytes() == (tmp_path / "switched" / step(2)).read_bytes()
     assert (tmp_path / "plain" / step(3)).read_bytes() != (tmp_path / "switched" / step(3)).read_bytes()
     want = (tmp_path / "switched" / step(4)).read_bytes()
-    for resume in (1, 3):
+    for resume in (1, 2, 3):
         out = tmp_path / f"resumed-{resume}"
         checkpoint = (tmp_path / "switched" / step(resume)).parent
-        run_train(out, *cycle, flag, "2", "--resume", str(checkpoint))
+        run_train(out, *cycle, *flags, "--resume", str(checkpoint))
         assert (out / step(4)).read_bytes() == want
+    if "--joined-from" in flags:
+        assert "joined existence options" in result.stdout
+        saved = json.loads((tmp_path / "switched" / step(3)).with_name("tokenizer.json").read_text())
+        before = json.loads((tmp_path / "switched" / step(2)).with_name("tokenizer.json").read_text())
+        assert {t["content"] for t in saved["added_tokens"]} - {t["content"] for t in before["added_tokens"]} == set(
+            JOINED_TOKENS
+        )
 
 
 def test_the_two_existence_switches_exclude_each_other(tmp_path: Path):
