@@ -6,7 +6,7 @@
 Everything is seeded: the tokenizer's corpus, the initial weights, and the data stream (task of each
 step from a fixed cycle, samples from `corpus.stream`), so the weights after step S are a function of
 (seed, size, S) and the step-keyed flags (`--cycle`, loss weights, `--grow`, `--spell-out-from`,
-`--by-object-from`), and `--max-steps S` reproduces a checkpoint (`training_info.json` records its
+`--by-object-from`, `--joined-from`), and `--max-steps S` reproduces a checkpoint (`training_info.json` records its
 step).
 The learning rate depends on the step only; `--minutes` bounds the run's wall time, so how many steps
 a run gets depends on the machine, not what a given step computes.
@@ -314,6 +314,7 @@ DIGEST_SOURCES = (
     "shapesworld/model/corpus.py",
     "shapesworld/model/config.py",
     "shapesworld/model/probe.py",
+    "shapesworld/model/joined_vocab.py",
     "shapesworld/model/train.py",
     "tinyvlm/tokenizer.py",
     "tinyvlm/build.py",
