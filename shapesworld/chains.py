@@ -117,11 +117,11 @@ def _conclusion(question: Question, objects: Sequence[WorldObject], answer: str,
     spec = question.spec
     if isinstance(spec, ExistenceSpec) and existence == BY_OPTION:
         return [
-            f"So {ref.noun_phrase()} {letter} is {'' if count_matching(ref, objects) else 'not '}in the image."
+            f"So {spec.option_text(ref)} {letter} is {'' if count_matching(ref, objects) else 'not '}in the image."
             for ref, letter in zip(spec.candidates, LETTERS, strict=True)
         ]
     if isinstance(spec, ExistenceSpec) and existence == BY_OBJECT:
-        return [_which_option(kind, question) for kind in _kinds_in_reading_order(objects)]
+        return [_which_option(kind, question, spec) for kind in _kinds_in_reading_order(objects)]
     if isinstance(spec, CountSpec):
         sentence = render_claim(CountClaim(int(answer), spec.target))
         return ["So " + sentence[0].lower() + sentence[1:]]
@@ -155,12 +155,13 @@ def _kinds_in_reading_order(objects: Sequence[WorldObject]) -> list[Ref]:
     return list(kinds.values())
 
 
-def _which_option(kind: Ref, question: Question) -> str:
+def _which_option(kind: Ref, question: Question, spec: ExistenceSpec) -> str:
     # The letter follows the object's words directly, as it does in the prompt's option line, so
     # that it is the token an induction head copies ("is option C" put two tokens between them, and
     # after 1,460 steps the model wrote one letter for every object).
-    letter = question.letter_of(kind.noun_phrase())
-    return f"So {kind.noun_phrase()} {'is not an option' if letter is None else f'{letter} is an option'}."
+    name = spec.option_text(kind)  # as the options write it
+    letter = question.letter_of(name)
+    return f"So {name} {'is not an option' if letter is None else f'{letter} is an option'}."
 
 
 def _article(shape: str) -> str:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shapesworld.chains import BY_OBJECT, reference_chain
+from shapesworld.chains import BY_OBJECT, BY_OPTION, reference_chain
 from shapesworld.claims import REASONING
 from shapesworld.dataset import generate_items
 from shapesworld.model.corpus import (
@@ -61,6 +61,17 @@ def test_joined_chains_name_the_joined_option_in_their_reasoning_and_score_perfe
             s.text for s in plain.steps if s.kind != REASONING
         ]
         assert chain.answer == plain.answer
+
+
+@pytest.mark.parametrize("style", [BY_OPTION, BY_OBJECT])
+def test_joined_chains_of_every_style_name_the_options_as_the_prompt_writes_them(style, fixed_scenes):
+    for scene, question in existence_questions(fixed_scenes):
+        joined = join_existence(question)
+        plain_steps = reference_chain(scene, question, existence=style).steps
+        joined_steps = reference_chain(scene, joined, existence=style).steps
+        assert [s.text.replace("-", " ") for s in joined_steps] == [s.text for s in plain_steps]
+        said = " ".join(s.text for s in joined_steps if s.kind == REASONING)
+        assert any(option in said for option in joined.options)
 
 
 def test_items_with_joined_options_are_the_same_items_with_other_text():
