@@ -44,6 +44,10 @@ ANSWER = "answer"
 # question in five, too few to learn a new way of reasoning about it (`chains.BY_OBJECT`) quickly.
 # Tried with BY_OBJECT and not used by the committed model (see README, runs 11-12).
 EXISTENCE = "existence"
+# A fifth: the lookup drill on existence questions only, whose four options share colours and shapes
+# ("red-square", "red-circle", "blue-square", ...): with joined options (`questions.join_existence`)
+# each is one token, and this drill asks the lookup to tell such tokens apart.
+LOOKUP_EXISTENCE = "lookup_existence"
 
 HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
 TOKENIZER_SEED = 998
@@ -83,11 +87,17 @@ def user_message(text: str, image_url: str | None = None) -> dict[str, Any]:
 
 
 # Item seeds of the drills are far above the tasks' (1000 + 3 * seed + k) and apart from each other.
-_DRILL_SEED_BASE = {LETTERS: 500_000, LOOKUP: 700_000, ANSWER: 800_000, EXISTENCE: 900_000}
+_DRILL_SEED_BASE = {
+    LETTERS: 500_000,
+    LOOKUP_EXISTENCE: 600_000,
+    LOOKUP: 700_000,
+    ANSWER: 800_000,
+    EXISTENCE: 900_000,
+}
 
 
 def drill_seed(seed: int, drill: str) -> int:
-    """Item seed of a drill (LETTERS, LOOKUP, ANSWER or EXISTENCE) in the run of training seed `seed`."""
+    """Item seed of a drill (a key of _DRILL_SEED_BASE) in the run of training seed `seed`."""
     if seed < 0:
         raise ValueError("the training seed must be >= 0")
     return _DRILL_SEED_BASE[drill] + seed
@@ -110,9 +120,14 @@ def lookup_sample(item: Item, rng: random.Random, asks: int = 4) -> Sample:
     return Sample(LOOKUP, item.scene, text, f"Found: {said}")
 
 
-def lookup_stream(item_seed: int, *, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:
+def lookup_stream(
+    item_seed: int, *, joined: bool = JOINED_EXISTENCE, qtypes: Sequence[str] = QTYPES
+) -> Iterator[Sample]:
+    """Lookup drill samples (task LOOKUP; of existence questions only: LOOKUP_EXISTENCE)."""
     rng = random.Random(f"shapesworld-model:{item_seed}:{LOOKUP}")
-    return (lookup_sample(item, rng) for item in _items(item_seed, 0.0, joined=joined))
+    task = LOOKUP_EXISTENCE if tuple(qtypes) == ("existence",) else LOOKUP
+    items = _items(item_seed, 0.0, qtypes=qtypes, joined=joined)
+    return (replace(lookup_sample(item, rng), task=task) for item in items)
 
 
 def answer_stream(item_seed: int, *, existence: str = ONE_STEP, joined: bool = JOINED_EXISTENCE) -> Iterator[Sample]:

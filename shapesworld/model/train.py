@@ -45,6 +45,7 @@ from shapesworld.model.corpus import (
     HELDOUT_SEED,
     LETTERS,
     LOOKUP,
+    LOOKUP_EXISTENCE,
     REGENERATION,
     SELF_CHECK,
     TASKS,
@@ -73,7 +74,16 @@ BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
 # batch keeps padding low (regeneration prompts are about 1.5x as long as the others).
 CYCLE = "GGRGGSGGGRGGSGGRGGSG"
-_TASK_OF = {"G": GENERATOR, "R": REGENERATION, "S": SELF_CHECK, "L": LETTERS, "O": LOOKUP, "N": ANSWER, "E": EXISTENCE}
+_TASK_OF = {
+    "G": GENERATOR,
+    "R": REGENERATION,
+    "S": SELF_CHECK,
+    "L": LETTERS,
+    "O": LOOKUP,
+    "X": LOOKUP_EXISTENCE,
+    "N": ANSWER,
+    "E": EXISTENCE,
+}
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
 
@@ -108,11 +118,12 @@ class RunConfig:
     perception_weight: float = 1.0
     perception_weight_from: int = 0
     # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
-    # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP; N and E, corpus.ANSWER and
-    # corpus.EXISTENCE). The committed model's run brought L in at step 2437, but the model answered
-    # it by elimination and its chains named the right option's letter no more often than chance;
-    # 1,400 steps of O alone (from step 6579) built the lookup, and mixed cycles from step 8000, with
-    # the answer drill N from 9976, carried it into the chains (see README).
+    # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP, and X, the same on existence
+    # questions only, corpus.LOOKUP_EXISTENCE; N and E, corpus.ANSWER and corpus.EXISTENCE). The
+    # committed model's run brought L in at step 2437, but the model answered it by elimination and
+    # its chains named the right option's letter no more often than chance; 1,400 steps of O alone
+    # (from step 6579) built the lookup, and mixed cycles from step 8000, with the answer drill N from
+    # 9976, carried it into the chains (see README).
     cycles: tuple[tuple[int, str], ...] = ()
     # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
     # grow.py). None keeps the size's depth.
@@ -406,7 +417,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
 
     model.train()
     since_checkpoint = 0.0
-    drills = (LETTERS, LOOKUP, ANSWER, EXISTENCE)
+    drills = (LETTERS, LOOKUP, LOOKUP_EXISTENCE, ANSWER, EXISTENCE)
     losses: dict[str, list[float]] = {
         t: [] for t in (*TASKS, *drills, "probe", "probe_cells_right", "position_right", "letter_right")
     }
@@ -539,6 +550,7 @@ def _streams(seed: int, existence: str, joined: bool) -> dict[str, Any]:
     out = {task: stream(task_seed(seed, task), task, joined=joined) for task in (REGENERATION, SELF_CHECK)}
     out[LETTERS] = letters_stream(drill_seed(seed, LETTERS), joined=joined)
     out[LOOKUP] = lookup_stream(drill_seed(seed, LOOKUP), joined=joined)
+    out[LOOKUP_EXISTENCE] = lookup_stream(drill_seed(seed, LOOKUP_EXISTENCE), joined=joined, qtypes=("existence",))
     return out | {
         GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, existence=existence, joined=joined),
         ANSWER: answer_stream(drill_seed(seed, ANSWER), existence=existence, joined=joined),
@@ -658,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_cycle,
         default=[],
         metavar="STEP:CYCLE",
-        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, N, E; default {CYCLE}); repeatable",
+        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, X, N, E; default {CYCLE}); repeatable",
     )
     switch = parser.add_mutually_exclusive_group()
     switch.add_argument(

@@ -198,3 +198,16 @@ def test_join_vocab_adds_rows_from_the_words_and_keeps_everything_else(smoke_tok
     optimizer.step()  # trains on with the grown matrices
     with pytest.raises(ValueError, match="already has"):
         join_vocab(model, tok, optimizer)
+
+
+def test_the_existence_lookup_drill_looks_up_joined_existence_options():
+    from shapesworld.model.corpus import LOOKUP, LOOKUP_EXISTENCE, drill_seed, lookup_stream
+
+    samples = list(itertools.islice(lookup_stream(drill_seed(0, LOOKUP_EXISTENCE), qtypes=("existence",)), 6))
+    assert {s.task for s in samples} == {LOOKUP_EXISTENCE}
+    for sample in samples:
+        asked = sample.text.rsplit("Look up the letter of: ", 1)[1].rstrip(".").split("; ")
+        assert all(a in JOINED_TOKENS for a in asked)
+        lines = dict(line[2:].rsplit(" ", 1) for line in sample.text.splitlines() if line.startswith("- "))
+        assert sample.target == "Found: " + " ".join(f"{a} {lines[a]}." for a in asked)
+    assert next(lookup_stream(drill_seed(0, LOOKUP))).task == LOOKUP

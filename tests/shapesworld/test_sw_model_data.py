@@ -194,4 +194,4 @@ def test_cycle_option_is_checked():
     from shapesworld.model.train import main
 
     with pytest.raises(SystemExit):
-        main(["--out", "unused", "--cycle", "12:GGX"])
+        main(["--out", "unused", "--cycle", "12:GGQ"])
