@@ -9,13 +9,16 @@ text, and chains whose letter is the letter of the text they named; of those nam
 how many got the letter, split by how many options end in the same word as the right one. Then
 teacher-forced on reference chains in the given existence style: how often the most likely token is
 the right letter, in the object sentences of a BY_OBJECT chain ("So red triangle C is an option.")
-and in the answer step.
-Every distractor of an existence question shares a word with the gold option, so each of these letters
-is a lookup keyed on two words; the other question types need one. Chance is 25%.
+and in the answer step; and the letters of the lookup drill (`corpus.lookup_sample`) on `n` held-out
+existence questions and on `n` of the other types.
+Every distractor of an existence question shares a word with the gold option, so with two-word options
+each of these letters is a lookup keyed on two words (the other question types need one); with joined
+options ("red-square", `questions.join_existence`), one token. Chance is 25%.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,10 +26,11 @@ from typing import Any
 import torch
 
 from shapesworld.chains import ONE_STEP
-from shapesworld.model.corpus import generator_sample
+from shapesworld.model.corpus import HELDOUT_SEED, generator_sample, lookup_stream
 from shapesworld.model.greedy import generate_in_batches
 from shapesworld.model.letter_lookup import checkpoint_cli, letter_hits
 from shapesworld.model.scoring import heldout_items, score_reply
+from shapesworld.questions import QTYPES
 from shapesworld.scenes import render
 
 
@@ -56,6 +60,13 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
     # letters of a chain in order: any object sentences', the answer step's, then the one after </think>
     hits = letter_hits(model, processor, (generator_sample(i, existence=existence) for i in items))
     object_letters = [h for row in hits for h in row[:-2]]
+    # the lookup drill (four options drawn with replacement, each to be given its letter) on held-out
+    # existence questions, whose options share colours and shapes, and on the other types' questions
+    lookups = {}
+    for name, qtypes in (("existence", ("existence",)), ("other types", tuple(q for q in QTYPES if q != "existence"))):
+        rows = letter_hits(model, processor, itertools.islice(lookup_stream(HELDOUT_SEED, qtypes=qtypes), n))
+        letters = [h for row in rows for h in row[:4]]
+        lookups[name] = [sum(letters), len(letters)]
     return {
         "checkpoint": str(path),
         "questions": n,
@@ -70,6 +81,7 @@ def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:
             "existence": existence,
             "object_letters_right": [sum(object_letters), len(object_letters)],
             "answer_letter_right": [sum(row[-2] for row in hits), len(hits)],
+            "lookup_drill_letters_right": lookups,
         },
     }
 

@@ -76,3 +76,6 @@ def test_existence_check_counts_what_it_reports(existence):
     objects = result["teacher_forced"]["object_letters_right"]
     assert (objects[1] > 0) == (existence == "by-object") and 0 <= objects[0] <= objects[1]
     assert result["teacher_forced"]["answer_letter_right"][1] == 3
+    lookups = result["teacher_forced"]["lookup_drill_letters_right"]
+    assert set(lookups) == {"existence", "other types"}
+    assert all(n == 4 * 3 and 0 <= right <= n for right, n in lookups.values())  # 4 letters a sample
