@@ -29,6 +29,10 @@ Existence questions have three ways of reasoning (`existence=`; the other types 
   stayed at 45-52% even teacher-forced, and its answer step learned to copy the letter from them,
   so existence answers stayed at 27-35%.
 
+Existence options can also be written as one word each ("red-square", `questions.join_existence`),
+which every style above then uses as it is; the committed model reads them as one token each, which
+turns the two-word lookup into the one-word lookup of the other types (see README, run 13).
+
 The "So the answer is blue C." step is there on purpose: the prompt lists each option as its text
 followed by its letter ("blue C"), so this step turns finding the letter into copying it (see
 `Question.prompt`); a tiny model trained without such a step fails to learn the letter mapping.

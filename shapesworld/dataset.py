@@ -25,7 +25,7 @@ from shapesworld.scenes import DEFAULT_SIZE, Scene, generate_scene
 
 # Whether existence options are written as one word each ("red-square"); the language of the
 # committed model's questions. Its run trained on the two-word options up to `--joined-from`.
-JOINED_EXISTENCE = False
+JOINED_EXISTENCE = True
 
 
 @dataclass(frozen=True)
