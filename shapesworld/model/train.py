@@ -370,9 +370,10 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     size = cfg.SIZES[run.size]
     model = cfg.build_model(tokenizer, size, opts.seed)
     n_params = cfg.count_parameters(model)
-    run.existence_switch  # noqa: B018 -- refuses both existence switches before anything runs
-    heldout = HeldOut(run, joined=False)
-    streams = _streams(opts.seed, ONE_STEP, joined=False)
+    # the step the run starts from sets the text of its held-out set and streams (switches before it)
+    start = _step_of(opts.resume) if opts.resume is not None else 0
+    heldout = HeldOut(run, joined=run.joined_at(start))
+    streams = _streams(opts.seed, run.existence_at(start), joined=run.joined_at(start))
     probe = CellProbe((DEFAULT_SIZE // 28) ** 2, size.text_hidden)  # 14 px patches, merged 2x2
     tap = VisionTap(model)
     optimizer = torch.optim.AdamW(
@@ -394,15 +395,11 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
     }
     step, samples, train_seconds = 0, 0, 0.0
     if opts.resume is not None:
-        if run.grow is not None and _step_of(opts.resume) > run.grow[0]:
+        if run.grow is not None and start > run.grow[0]:
             # the checkpoint is already grown: grow the same way, so its weights and optimizer fit
             n_params = _grow(model, optimizer, run.grow, opts.seed)
-        resumed_at = _step_of(opts.resume)
-        if run.joined_at(resumed_at):  # the checkpoint has the joined tokens: so must the model
+        if run.joined_at(start):  # the checkpoint has the joined tokens: so must the model
             join_vocab(model, tokenizer)
-            heldout = HeldOut(run, joined=True)
-        # the streams of the checkpoint's step, before the fast-forward (which skips their items)
-        streams = _streams(opts.seed, run.existence_at(resumed_at), joined=run.joined_at(resumed_at))
         info = _resume(opts.resume, opts.seed, model, probe, optimizer, position, position_optimizer)
         step, samples, train_seconds = info["step"], info["samples"], info["train_seconds"]
         _fast_forward(streams, step, run)
