@@ -64,6 +64,11 @@ SIZES: dict[str, ModelSize] = {
 }
 
 
+def vocab_rows(tokens: int) -> int:
+    """Rows of the embedding and output matrices for a tokenizer of `tokens` tokens (a multiple of 64)."""
+    return -(-tokens // 64) * 64
+
+
 def model_config(tokenizer: Any, size: ModelSize) -> Any:
     from transformers import Qwen2_5_VLConfig
 
@@ -72,7 +77,7 @@ def model_config(tokenizer: Any, size: ModelSize) -> Any:
         raise ValueError(f"mrope_section {size.mrope_section} must sum to head_dim / 2 = {head_dim // 2}")
     ids = tokenizer.convert_tokens_to_ids
     text = {
-        "vocab_size": -(-len(tokenizer) // 64) * 64,
+        "vocab_size": vocab_rows(len(tokenizer)),
         "hidden_size": size.text_hidden,
         "intermediate_size": size.text_intermediate,
         "num_hidden_layers": size.text_layers,

@@ -2,7 +2,7 @@
 
 Why: see `questions.join_existence`. The tokens join the tokenizer as added tokens (the learned BPE
 and every old id stay as they are) and the embedding and output matrices grow to hold them, rounded
-up to a multiple of 64 rows as `config.model_config` sizes them. A joined token starts as the mean of
+up to a multiple of 64 rows (`config.vocab_rows`, as the model was built). A joined token starts as the mean of
 its two words' rows ("Ġred", "Ġsquare") in both matrices, so the model first reads it as something
 between the two words it stands for; rows past the tokenizer are zero and never used.
 
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from shapesworld.model.config import vocab_rows
 from shapesworld.model.corpus import JOINED_TOKENS, add_joined_tokens
 
 
@@ -29,7 +30,7 @@ def join_vocab(model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer | No
     if any(i == tokenizer.unk_token_id or i is None for pair in words for i in pair):
         raise ValueError("every colour and shape must be one token of the tokenizer")
     ids = add_joined_tokens(tokenizer)
-    rows = -(-len(tokenizer) // 64) * 64
+    rows = vocab_rows(len(tokenizer))
     inputs = model.get_input_embeddings()
     outputs = model.get_output_embeddings()
     for param in (inputs.weight, outputs.weight):
