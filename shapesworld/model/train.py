@@ -46,6 +46,7 @@ from shapesworld.model.corpus import (
     LETTERS,
     LOOKUP,
     LOOKUP_EXISTENCE,
+    REASONING,
     REGENERATION,
     SELF_CHECK,
     TASKS,
@@ -55,6 +56,7 @@ from shapesworld.model.corpus import (
     existence_stream,
     letters_stream,
     lookup_stream,
+    reasoning_stream,
     shapesworld_tokenizer,
     stream,
     task_seed,
@@ -83,6 +85,7 @@ _TASK_OF = {
     "X": LOOKUP_EXISTENCE,
     "N": ANSWER,
     "E": EXISTENCE,
+    "W": REASONING,
 }
 STATE_FILE = "trainer_state.pt"  # optimizer and probe, for --resume; never copied to final
 
@@ -119,7 +122,8 @@ class RunConfig:
     perception_weight_from: int = 0
     # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
     # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP, and X, the same on existence
-    # questions only, corpus.LOOKUP_EXISTENCE; N and E, corpus.ANSWER and corpus.EXISTENCE). The
+    # questions only, corpus.LOOKUP_EXISTENCE; N, E and W, corpus.ANSWER, corpus.EXISTENCE and
+    # corpus.REASONING). The
     # committed model's run brought L in at step 2437, but the model answered it by elimination and
     # its chains named the right option's letter no more often than chance; 1,400 steps of O alone
     # (from step 6579) built the lookup, and mixed cycles from step 8000, with the answer drill N from
@@ -177,7 +181,7 @@ def token_weights(
 ) -> torch.Tensor:
     """The loss weight of each learned token of a batch of `task` (the labels that are not IGNORE, in
     order): option letters weigh `letter_weight`, a chain's perception sentences (its reply before
-    the first "So") `perception_weight`; the drills N and E count only letters and only reasoning."""
+    the first "So") `perception_weight`; the drill N counts only letters, E and W only reasoning."""
     mask = labels != IGNORE
     is_letter = torch.isin(labels[mask], letter_ids)
     weights = torch.ones(is_letter.shape, dtype=torch.float32)
@@ -185,7 +189,7 @@ def token_weights(
         weights[is_letter] = run.letter_weight
     if task == ANSWER:  # the drill of chains' letters: nothing else counts
         weights = is_letter.float()
-    if task == EXISTENCE:  # the drill of existence reasoning: perception sentences do not count
+    if task in (EXISTENCE, REASONING):  # drills of reasoning: perception sentences do not count
         weights[reply_before(labels, so_id)[mask]] = 0.0
     if task == GENERATOR and run.perception_weight != 1.0 and step > run.perception_weight_from:
         weights[reply_before(labels, so_id)[mask]] = run.perception_weight
@@ -414,7 +418,7 @@ def train(out: Path, run: RunConfig, opts: Options) -> dict[str, Any]:
 
     model.train()
     since_checkpoint = 0.0
-    drills = (LETTERS, LOOKUP, LOOKUP_EXISTENCE, ANSWER, EXISTENCE)
+    drills = (LETTERS, LOOKUP, LOOKUP_EXISTENCE, ANSWER, EXISTENCE, REASONING)
     losses: dict[str, list[float]] = {
         t: [] for t in (*TASKS, *drills, "probe", "probe_cells_right", "position_right", "letter_right")
     }
@@ -542,16 +546,19 @@ def _fast_forward(streams: dict[str, Any], steps: int, run: RunConfig) -> None:
 
 def _streams(seed: int, existence: str, joined: bool) -> dict[str, Any]:
     """Every task's stream, all built here so that every existence style and option spelling draws
-    the same items: `existence` is how chains (G and the drills N and E) reason about existence,
+    the same items: `existence` is how chains (G and the drills N, E and W) reason about existence,
     `joined` whether existence options are one word each."""
     out = {task: stream(task_seed(seed, task), task, joined=joined) for task in (REGENERATION, SELF_CHECK)}
     out[LETTERS] = letters_stream(drill_seed(seed, LETTERS), joined=joined)
     out[LOOKUP] = lookup_stream(drill_seed(seed, LOOKUP), joined=joined)
-    out[LOOKUP_EXISTENCE] = lookup_stream(drill_seed(seed, LOOKUP_EXISTENCE), joined=joined, qtypes=("existence",))
+    out[LOOKUP_EXISTENCE] = lookup_stream(
+        drill_seed(seed, LOOKUP_EXISTENCE), task=LOOKUP_EXISTENCE, joined=joined, qtypes=("existence",)
+    )
     return out | {
         GENERATOR: stream(task_seed(seed, GENERATOR), GENERATOR, existence=existence, joined=joined),
         ANSWER: answer_stream(drill_seed(seed, ANSWER), existence=existence, joined=joined),
         EXISTENCE: existence_stream(drill_seed(seed, EXISTENCE), existence=existence, joined=joined),
+        REASONING: reasoning_stream(drill_seed(seed, REASONING), existence=existence, joined=joined),
     }
 
 
@@ -667,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_cycle,
         default=[],
         metavar="STEP:CYCLE",
-        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, X, N, E; default {CYCLE}); repeatable",
+        help=f"after STEP, cycle through these tasks (G, R, S; drills L, O, X, N, E, W; default {CYCLE}); repeatable",
     )
     switch = parser.add_mutually_exclusive_group()
     switch.add_argument(

@@ -203,7 +203,8 @@ def test_join_vocab_adds_rows_from_the_words_and_keeps_everything_else(smoke_tok
 def test_the_existence_lookup_drill_looks_up_joined_existence_options():
     from shapesworld.model.corpus import LOOKUP, LOOKUP_EXISTENCE, drill_seed, lookup_stream
 
-    samples = list(itertools.islice(lookup_stream(drill_seed(0, LOOKUP_EXISTENCE), qtypes=("existence",)), 6))
+    drill = lookup_stream(drill_seed(0, LOOKUP_EXISTENCE), task=LOOKUP_EXISTENCE, qtypes=("existence",))
+    samples = list(itertools.islice(drill, 6))
     assert {s.task for s in samples} == {LOOKUP_EXISTENCE}
     for sample in samples:
         asked = sample.text.rsplit("Look up the letter of: ", 1)[1].rstrip(".").split("; ")

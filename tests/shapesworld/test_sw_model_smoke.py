@@ -1,6 +1,7 @@
 """The training script's smoke configuration runs end to end, and a step is reproducible."""
 
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
@@ -119,6 +120,46 @@ def test_token_weights_of_the_existence_drill_count_only_the_reasoning():
     assert weights[:first_so].eq(0).all() and weights[first_so:].gt(0).all()
     is_letter = torch.isin(torch.tensor(learned), letters)
     assert weights[is_letter].eq(3.0).all() and is_letter[first_so:].sum() >= 3  # "option X", answer, repeat
+    assert token_weights(GENERATOR, 1, run, labels, letters, so_id).gt(0).all()
+
+
+def test_the_reasoning_drill_weighs_the_reasoning_of_reference_chains_of_every_type():
+    """A W sample is the G chain of its item (same text, same reply), drawn from every question
+    type; its perception sentences weigh 0, everything from the first "So" on counts."""
+    import torch
+
+    from shapesworld.dataset import generate_items
+    from shapesworld.model.corpus import (
+        GENERATOR,
+        REASONING,
+        drill_seed,
+        generator_sample,
+        reasoning_stream,
+        shapesworld_tokenizer,
+    )
+    from shapesworld.model.train import SMOKE, encode, option_letter_ids, token_weights
+    from shapesworld.questions import QTYPES
+    from tinyvlm import build
+
+    samples = list(itertools.islice(reasoning_stream(drill_seed(0, REASONING)), 40))
+    assert {s.task for s in samples} == {REASONING}
+    items = list(generate_items(drill_seed(0, REASONING), 40, hallucination_rate=0.0))
+    references = [generator_sample(item) for item in items]
+    assert [(s.text, s.target) for s in samples] == [(r.text, r.target) for r in references]
+    assert {i.question.qtype for i in items} == set(QTYPES)
+    assert samples == list(itertools.islice(reasoning_stream(drill_seed(0, REASONING)), 40))  # seeded
+    tokenizer = shapesworld_tokenizer(SMOKE.tokenizer_items)
+    processor = build.make_processor(tokenizer)
+    labels = encode(processor, samples[:1]).labels
+    letters = torch.tensor(option_letter_ids(tokenizer))
+    so_id = tokenizer.convert_tokens_to_ids("\u0120So")
+    run = dataclasses.replace(SMOKE, letter_weight=3.0)
+    weights = token_weights(REASONING, 1, run, labels, letters, so_id)
+    learned = labels[labels != -100].tolist()
+    first_so = learned.index(so_id)
+    assert first_so > 5 and weights[:first_so].eq(0).all() and weights[first_so:].gt(0).all()
+    is_letter = torch.isin(torch.tensor(learned), letters)
+    assert weights[is_letter].eq(3.0).all()
     assert token_weights(GENERATOR, 1, run, labels, letters, so_id).gt(0).all()
 
 
