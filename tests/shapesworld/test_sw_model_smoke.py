@@ -177,6 +177,20 @@ def test_perception_weight_changes_only_the_chain_steps_after_its_step(tmp_path:
     assert "--perception-weight 0.3" in report["command"]
 
 
+def test_a_reasoning_drill_cycle_trains_after_its_step_and_resumes(tmp_path: Path):
+    """`--cycle 2:W`: steps 1-2 are the plain run's chains, steps 3-4 the reasoning drill; a run
+    resumed at step 3 reaches step 4's weights byte for byte."""
+    cycle = ("--seed", "0", "--max-steps", "4", "--checkpoint-steps", "1", "--cycle", "0:G")
+    run_train(tmp_path / "plain", *cycle)
+    run_train(tmp_path / "drilled", *cycle, "--cycle", "2:W")
+    step = "checkpoints/step-{:06d}/model.safetensors".format
+    assert (tmp_path / "plain" / step(2)).read_bytes() == (tmp_path / "drilled" / step(2)).read_bytes()
+    assert (tmp_path / "plain" / step(3)).read_bytes() != (tmp_path / "drilled" / step(3)).read_bytes()
+    out = tmp_path / "resumed"
+    run_train(out, *cycle, "--cycle", "2:W", "--resume", str((tmp_path / "drilled" / step(3)).parent))
+    assert (out / step(4)).read_bytes() == (tmp_path / "drilled" / step(4)).read_bytes()
+
+
 def test_grown_layers_start_as_the_identity_and_the_cache_still_fits(tmp_path: Path):
     """A model grown from 1 to 3 layers computes the same logits as before, keeps its KV-cache
     indices in order, saves and reloads with 3 layers, and generates the same greedy tokens."""
