@@ -44,7 +44,7 @@ from shapesworld.claims import PERCEPTION, check_sentence
 from shapesworld.dataset import Item
 from shapesworld.export import image_sha256
 from shapesworld.model import WEIGHTS_DIR
-from shapesworld.model.corpus import user_message
+from shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED, user_message
 from shapesworld.model.evaluate import SERVED_NAME, data_url
 from shapesworld.model.scoring import ReplyScore, heldout_items, reply_sentences, score_reply
 
@@ -324,10 +324,11 @@ def benchmark(
     workdir: Path,
     max_retries: int,
     regeneration_samples: int | None = None,
+    seed: int = HELDOUT_SEED,
 ) -> dict[str, Any]:
     from tinyvlm.serve import start_vllm
 
-    items = heldout_items(n)
+    items = heldout_items(n, seed)
     workdir.mkdir(parents=True, exist_ok=True)
     with start_vllm(model_dir, served_model_name=SERVED_NAME, log_path=workdir / "vllm.log") as server:
         raw = asyncio.run(
@@ -339,6 +340,7 @@ def benchmark(
     samples = regeneration_samples or Settings.model_fields["regeneration_samples"].default
     result: dict[str, Any] = {
         "n_chains": len(items),
+        "scenes_seed": seed,
         "model": str(model_dir),
         "max_retries": max_retries,
         "regeneration_samples": samples,
@@ -384,6 +386,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--regeneration-samples", type=int, help="rewrites sampled per try (the proxy's REGENERATION_SAMPLES)"
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help=f"scenes' seed: {HELDOUT_SEED} held out (default), {VALIDATION_SEED} for choosing among checkpoints",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-shapesworld"), help="logs and traces")
     parser.add_argument("--out", type=Path, help="result JSON (a Markdown report goes next to it)")
     parser.add_argument("--labelled-dir", type=Path, help="write labelled chains (JSONL) per configuration here")
@@ -396,8 +403,20 @@ def main(args: argparse.Namespace) -> int:
     detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
     if args.regeneration_samples is not None and args.regeneration_samples < 1:
         raise SystemExit("--regeneration-samples must be at least 1")
+    seed = HELDOUT_SEED if args.seed is None else args.seed
+    if not 0 <= seed < MIN_TRAINING_SEED:
+        raise SystemExit(
+            f"--seed must be in 0..{MIN_TRAINING_SEED - 1}: from {MIN_TRAINING_SEED} on, training draws the scenes"
+        )
     result = benchmark(
-        args.model, args.n, detectors, args.concurrency, args.workdir, args.max_retries, args.regeneration_samples
+        args.model,
+        args.n,
+        detectors,
+        args.concurrency,
+        args.workdir,
+        args.max_retries,
+        args.regeneration_samples,
+        seed,
     )
     labelled = result.pop("labelled")
     result["command"] = "faithproxy bench shapesworld " + " ".join(
@@ -422,7 +441,17 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-_OPTIONS = ("model", "n", "detectors", "concurrency", "max_retries", "regeneration_samples", "out", "labelled_dir")
+_OPTIONS = (
+    "model",
+    "n",
+    "seed",
+    "detectors",
+    "concurrency",
+    "max_retries",
+    "regeneration_samples",
+    "out",
+    "labelled_dir",
+)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,12 @@ LOOKUP_EXISTENCE = "lookup_existence"
 # rate below the 5-30% band).
 REASONING = "reasoning"
 
-HELDOUT_SEED = 999  # training seeds are 1000 + 3 * seed + k, k = task index, so never 999
+MIN_TRAINING_SEED = 1000  # every item seed training draws is at least this (task_seed, drill_seed)
+HELDOUT_SEED = 999
 TOKENIZER_SEED = 998
+# Scenes for choosing among checkpoints, so that the held-out figures are not also what chose the
+# model: no training stream draws them either.
+VALIDATION_SEED = 997
 TOKENIZER_ITEMS = 3000
 HALLUCINATION_RATE = 0.5  # of the auxiliary streams' items: the rest give self-check examples only
 
@@ -65,7 +69,7 @@ HALLUCINATION_RATE = 0.5  # of the auxiliary streams' items: the rest give self-
 def task_seed(seed: int, task: str) -> int:
     if seed < 0:
         raise ValueError("the training seed must be >= 0")
-    return 1000 + 3 * seed + TASKS.index(task)
+    return MIN_TRAINING_SEED + 3 * seed + TASKS.index(task)
 
 
 @dataclass(frozen=True)

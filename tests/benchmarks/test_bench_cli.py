@@ -223,3 +223,9 @@ def test_run_is_handed_to_benchmarks_run(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as info:
         main(["bench", "nonsense"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize("seed", ["1000", "-1"])
+def test_shapesworld_bench_refuses_a_training_or_negative_scene_seed(seed: str) -> None:
+    with pytest.raises(SystemExit, match="--seed must be in 0..999"):
+        main(["bench", "shapesworld", "--n", "5", "--seed", seed])

@@ -44,10 +44,21 @@ def test_streams_are_deterministic_and_keep_their_task(task):
     assert len({s.scene.index for s in a}) == len(a)  # consecutive samples are different scenes
 
 
-def test_training_seeds_never_reach_the_heldout_or_tokenizer_seed():
+def test_training_seeds_never_reach_the_heldout_validation_or_tokenizer_seed():
+    from shapesworld.model.corpus import (
+        _DRILL_SEED_BASE,
+        MIN_TRAINING_SEED,
+        TOKENIZER_SEED,
+        VALIDATION_SEED,
+        drill_seed,
+    )
+
     seeds = {task_seed(seed, task) for seed in range(1000) for task in TASKS}
     assert len(seeds) == 3000
-    assert HELDOUT_SEED not in seeds
+    drills = {drill_seed(seed, drill) for seed in range(1000) for drill in _DRILL_SEED_BASE}
+    assert len(drills) == 1000 * len(_DRILL_SEED_BASE) and not drills & seeds
+    assert min(seeds | drills) >= MIN_TRAINING_SEED > max(HELDOUT_SEED, TOKENIZER_SEED, VALIDATION_SEED)
+    assert len({HELDOUT_SEED, TOKENIZER_SEED, VALIDATION_SEED}) == 3
     with pytest.raises(ValueError):
         task_seed(-1, GENERATOR)
 
