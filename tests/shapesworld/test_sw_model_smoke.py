@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,48 +99,55 @@ def test_reply_before_marks_each_rows_reply_up_to_the_token():
 def test_token_weights_of_the_existence_drill_count_only_the_reasoning():
     """An E sample's perception sentences weigh 0, its reasoning 1 and its letters the letter weight;
     the same chain as a G sample weighs every token."""
+    from shapesworld.chains import BY_OBJECT
+    from shapesworld.model.corpus import EXISTENCE, drill_seed, existence_stream
+
+    sample = next(existence_stream(drill_seed(0, EXISTENCE), existence=BY_OBJECT))
+    w = drill_weights(EXISTENCE, sample)
+    assert w.reply.startswith("<think>") and " is an option." in w.reply  # a by-object existence chain
+    assert w.weights[: w.first_so].eq(0).all() and w.weights[w.first_so :].gt(0).all()
+    assert w.weights[w.is_letter].eq(3.0).all() and w.is_letter[w.first_so :].sum() >= 3  # "option X", answer, repeat
+    assert w.as_generator.gt(0).all()
+
+
+@dataclasses.dataclass
+class DrillWeights:
+    reply: str
+    weights: Any  # torch tensors, one entry per learned token
+    is_letter: Any
+    first_so: int
+    as_generator: Any  # the same sample's weights as a G sample
+
+
+def drill_weights(task: str, sample: Any) -> DrillWeights:
+    """`token_weights` of one sample as `task` and as a G sample (letter weight 3, smoke tokenizer)."""
     import torch
 
-    from shapesworld.chains import BY_OBJECT
-    from shapesworld.model.corpus import EXISTENCE, GENERATOR, drill_seed, existence_stream, shapesworld_tokenizer
+    from shapesworld.model.corpus import GENERATOR, shapesworld_tokenizer
     from shapesworld.model.train import SMOKE, encode, option_letter_ids, token_weights
     from tinyvlm import build
 
     tokenizer = shapesworld_tokenizer(SMOKE.tokenizer_items)
-    processor = build.make_processor(tokenizer)
-    sample = next(existence_stream(drill_seed(0, EXISTENCE), existence=BY_OBJECT))
-    labels = encode(processor, [sample]).labels
+    labels = encode(build.make_processor(tokenizer), [sample]).labels
     letters = torch.tensor(option_letter_ids(tokenizer))
     so_id = tokenizer.convert_tokens_to_ids("\u0120So")
     run = dataclasses.replace(SMOKE, letter_weight=3.0)
-    weights = token_weights(EXISTENCE, 1, run, labels, letters, so_id)
     learned = labels[labels != -100].tolist()
-    first_so = learned.index(so_id)
-    reply = tokenizer.decode(learned)
-    assert reply.startswith("<think>") and " is an option." in reply  # a by-object existence chain
-    assert weights[:first_so].eq(0).all() and weights[first_so:].gt(0).all()
-    is_letter = torch.isin(torch.tensor(learned), letters)
-    assert weights[is_letter].eq(3.0).all() and is_letter[first_so:].sum() >= 3  # "option X", answer, repeat
-    assert token_weights(GENERATOR, 1, run, labels, letters, so_id).gt(0).all()
+    return DrillWeights(
+        reply=tokenizer.decode(learned),
+        weights=token_weights(task, 1, run, labels, letters, so_id),
+        is_letter=torch.isin(torch.tensor(learned), letters),
+        first_so=learned.index(so_id),
+        as_generator=token_weights(GENERATOR, 1, run, labels, letters, so_id),
+    )
 
 
 def test_the_reasoning_drill_weighs_the_reasoning_of_reference_chains_of_every_type():
     """A W sample is the G chain of its item (same text, same reply), drawn from every question
     type; its perception sentences weigh 0, everything from the first "So" on counts."""
-    import torch
-
     from shapesworld.dataset import generate_items
-    from shapesworld.model.corpus import (
-        GENERATOR,
-        REASONING,
-        drill_seed,
-        generator_sample,
-        reasoning_stream,
-        shapesworld_tokenizer,
-    )
-    from shapesworld.model.train import SMOKE, encode, option_letter_ids, token_weights
+    from shapesworld.model.corpus import REASONING, drill_seed, generator_sample, reasoning_stream
     from shapesworld.questions import QTYPES
-    from tinyvlm import build
 
     samples = list(itertools.islice(reasoning_stream(drill_seed(0, REASONING)), 40))
     assert {s.task for s in samples} == {REASONING}
@@ -148,19 +156,10 @@ def test_the_reasoning_drill_weighs_the_reasoning_of_reference_chains_of_every_t
     assert [(s.text, s.target) for s in samples] == [(r.text, r.target) for r in references]
     assert {i.question.qtype for i in items} == set(QTYPES)
     assert samples == list(itertools.islice(reasoning_stream(drill_seed(0, REASONING)), 40))  # seeded
-    tokenizer = shapesworld_tokenizer(SMOKE.tokenizer_items)
-    processor = build.make_processor(tokenizer)
-    labels = encode(processor, samples[:1]).labels
-    letters = torch.tensor(option_letter_ids(tokenizer))
-    so_id = tokenizer.convert_tokens_to_ids("\u0120So")
-    run = dataclasses.replace(SMOKE, letter_weight=3.0)
-    weights = token_weights(REASONING, 1, run, labels, letters, so_id)
-    learned = labels[labels != -100].tolist()
-    first_so = learned.index(so_id)
-    assert first_so > 5 and weights[:first_so].eq(0).all() and weights[first_so:].gt(0).all()
-    is_letter = torch.isin(torch.tensor(learned), letters)
-    assert weights[is_letter].eq(3.0).all()
-    assert token_weights(GENERATOR, 1, run, labels, letters, so_id).gt(0).all()
+    w = drill_weights(REASONING, samples[0])
+    assert w.first_so > 5 and w.weights[: w.first_so].eq(0).all() and w.weights[w.first_so :].gt(0).all()
+    assert w.weights[w.is_letter].eq(3.0).all() and w.is_letter.any()
+    assert w.as_generator.gt(0).all()
 
 
 def test_perception_weight_changes_only_the_chain_steps_after_its_step(tmp_path: Path):
