@@ -123,9 +123,9 @@ class RunConfig:
     # Later cycles: (step, cycle) pairs, each used after its step (`--cycle STEP:CYCLE`; L = the
     # letters drill, corpus.LETTERS; O = the lookup drill, corpus.LOOKUP, and X, the same on existence
     # questions only, corpus.LOOKUP_EXISTENCE; N, E and W, corpus.ANSWER, corpus.EXISTENCE and
-    # corpus.REASONING). The
-    # committed model's run brought L in at step 2437, but the model answered it by elimination and
-    # its chains named the right option's letter no more often than chance; 1,400 steps of O alone
+    # corpus.REASONING). The committed model's run brought L in at step 2437, but the model answered
+    # it by elimination and its chains named the right option's letter no more often than chance;
+    # 1,400 steps of O alone
     # (from step 6579) built the lookup, and mixed cycles from step 8000, with the answer drill N from
     # 9976, carried it into the chains (see README).
     cycles: tuple[tuple[int, str], ...] = ()
