@@ -125,9 +125,8 @@ class RunConfig:
     # questions only, corpus.LOOKUP_EXISTENCE; N, E and W, corpus.ANSWER, corpus.EXISTENCE and
     # corpus.REASONING). The committed model's run brought L in at step 2437, but the model answered
     # it by elimination and its chains named the right option's letter no more often than chance;
-    # 1,400 steps of O alone
-    # (from step 6579) built the lookup, and mixed cycles from step 8000, with the answer drill N from
-    # 9976, carried it into the chains (see README).
+    # 1,400 steps of O alone (from step 6579) built the lookup, and mixed cycles from step 8000, with
+    # the answer drill N from 9976, carried it into the chains (see README).
     cycles: tuple[tuple[int, str], ...] = ()
     # `--grow STEP:POSITIONS`: after STEP, fresh decoder layers are inserted at POSITIONS (see
     # grow.py). None keeps the size's depth.
