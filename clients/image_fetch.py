@@ -32,8 +32,8 @@ from dataclasses import replace
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork
 
-from faithcore.errors import ImageRefused
-from faithcore.images import ImageRef
+from faithproxy.faithcore.errors import ImageRefused
+from faithproxy.faithcore.images import ImageRef
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

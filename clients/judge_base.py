@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from faithcore.errors import DetectorError
-from faithcore.images import ImageRef
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.images import ImageRef
 
 
 class JudgeConfig(BaseModel):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from clients.anthropic_judge import AnthropicJudge
-from clients.judge_base import JudgeBackend, JudgeConfig, JudgeResult
-from clients.openai_judge import OpenAICompatibleJudge
+from faithproxy.clients.anthropic_judge import AnthropicJudge
+from faithproxy.clients.judge_base import JudgeBackend, JudgeConfig, JudgeResult
+from faithproxy.clients.openai_judge import OpenAICompatibleJudge
 
 __all__ = [
     "AnthropicJudge",

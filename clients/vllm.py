@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from clients.sse import SSEDecoder
-from faithcore.errors import UpstreamError, UpstreamStatusError
+from faithproxy.clients.sse import SSEDecoder
+from faithproxy.faithcore.errors import UpstreamError, UpstreamStatusError
 
 
 @dataclass
@@ -108,7 +108,7 @@ class VLLMClient:
             timeout=self._timeout,
             # Keep-alive as large as the pool: every proxied request holds one upstream connection, and
             # requests queued behind a full pool stall the event loop in httpcore's pool scan (seen
-            # with 1,000 streams against a 512 pool: benchmarks/overhead.py). The app sizes the pool
+            # with 1,000 streams against a 512 pool: benchmarks/performance/overhead.py). The app sizes the pool
             # from its own concurrency limit, so nothing queues here.
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,

@@ -3,50 +3,10 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
-from faithcore.images import ImageRef
-from faithcore.types import Step, Verdict
-
-if TYPE_CHECKING:  # the generator client is only needed by detectors that ask the generator itself
-    from clients.vllm import VLLMClient
-
-
-@dataclass
-class Usage:
-    """Token usage added up over every upstream call a request makes."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def add(self, usage: dict[str, Any] | None) -> None:
-        if usage:
-            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens += int(usage.get("completion_tokens") or 0)
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
-
-@dataclass
-class ChainContext:
-    """What a detector or regenerator may know about the request being checked."""
-
-    request_id: str
-    model: str
-    messages: list[dict[str, Any]]
-    question: str
-    images: list[ImageRef]
-    accepted: list[Step] = field(default_factory=list)  # steps already verified, in order
-    generator: VLLMClient | None = None
-    judge: str | None = None  # name of a server-configured judge
-    usage: Usage = field(default_factory=Usage)  # generator tokens spent on checks and rewrites
-    options: dict[str, Any] = field(default_factory=dict)  # detector-specific per-request settings
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Step, Verdict
 
 
 class Detector(abc.ABC):
@@ -61,9 +21,19 @@ class Detector(abc.ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # Capabilities, declared here and asked for by the server (which never tells detectors apart by name):
     # True when the detector types steps itself (the judge does): the session then sends it every new
     # step, so that a step the keyword heuristic mistook for reasoning is still checked.
     types_steps: ClassVar[bool] = False
+    # True when it reads the generator's hidden states itself (probe, cascade): the server then does not
+    # record features for the trace on the side, since the detector already has them.
+    reads_hidden_states: ClassVar[bool] = False
+    # True when it calls a server-configured judge: a request must then name one (or the server have a
+    # default), and the judge's image policy applies.
+    uses_judge: ClassVar[bool] = False
+    # True when its verdicts carry information (`none` passes every step unchecked: its UNKNOWN verdicts
+    # are counted with reason `detector_none`, not as detector errors).
+    checks: ClassVar[bool] = True
 
     @abc.abstractmethod
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:

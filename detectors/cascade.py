@@ -22,9 +22,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import ClassVar
 
-from detectors.base import ChainContext, Detector
-from detectors.probe import ProbeDetector
-from faithcore.types import Faithfulness, Step, StepKind, Verdict
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.probe import ProbeDetector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 STAGES = ("probe", "judge")
 
@@ -34,6 +35,8 @@ class CascadeDetector(Detector):
 
     name: ClassVar[str] = "cascade"
     description: ClassVar[str] = "probe when confident, judge otherwise"
+    reads_hidden_states: ClassVar[bool] = True
+    uses_judge: ClassVar[bool] = True
 
     def __init__(
         self,

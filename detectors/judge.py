@@ -27,11 +27,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import ClassVar
 
-from clients.judge_base import JudgeBackend, JudgeResult
-from detectors.base import ChainContext, Detector
-from detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, JudgeReply, build_judge_prompt, parse_judge_reply
-from faithcore.errors import DetectorError
-from faithcore.types import Faithfulness, Step, StepKind, Verdict
+from faithproxy.clients.judge_base import JudgeBackend, JudgeResult
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, JudgeReply, build_judge_prompt, parse_judge_reply
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class JudgeDetector(Detector):
     name: ClassVar[str] = "judge"
     description: ClassVar[str] = "an auxiliary VLM judges the partial chain against the image"
     types_steps: ClassVar[bool] = True
+    uses_judge: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ Two deviations from the paper's wording, both to keep judge calls short:
 `parse_judge_reply` is deliberately lenient (judges add markdown, quotes, change case, drop brackets)
 but never guesses a verdict: a reply without a Faithfulness field, or UNFAITHFUL without a sentence it
 can locate, raises `DetectorError(code="unparseable")`. `parse_judge_prompt` reads the prompt back; the
-local judge server (benchmarks/judge_server.py) needs it to play an oracle judge.
+local judge server (benchmarks/standins/judge_server.py) needs it to play an oracle judge.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from faithcore.errors import DetectorError
-from faithcore.types import StepKind
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.types import StepKind
 
 JUDGE_SYSTEM_PROMPT = (
     "You are a careful visual fact-checker. You compare what a step-by-step answer says about an image "

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from detectors.base import ChainContext, Detector
-from faithcore.types import Faithfulness, Step, Verdict
+from faithproxy.detectors.base import Detector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Faithfulness, Step, Verdict
 
 
 class NoneDetector(Detector):
@@ -17,6 +18,7 @@ class NoneDetector(Detector):
 
     name: ClassVar[str] = "none"
     description: ClassVar[str] = "no detection: every step is passed unchecked"
+    checks: ClassVar[bool] = False
 
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
         return [Verdict(Faithfulness.UNKNOWN, self.name, reason="detector_none") for _ in new_steps]

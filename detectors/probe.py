@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from detectors.base import ChainContext, Detector
-from faithcore.errors import DetectorError, FaithproxyError, ProbeMismatch
-from faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
+from faithproxy.detectors.base import Detector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError, FaithproxyError, ProbeMismatch
+from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from clients.hidden_states import HiddenStatesClient
+    from faithproxy.clients.hidden_states import HiddenStatesClient
 
 PROBE_FORMAT = "faithproxy-probe"
 PROBE_VERSION = 1
@@ -192,6 +193,7 @@ class ProbeDetector(Detector):
 
     name: ClassVar[str] = "probe"
     description: ClassVar[str] = "classifier over the generator's hidden states (vLLM route 1)"
+    reads_hidden_states: ClassVar[bool] = True
 
     def __init__(self, probe: Probe, hidden: HiddenStatesClient) -> None:
         probe.check_compatible(layers=hidden.layers)
@@ -209,7 +211,7 @@ class ProbeDetector(Detector):
         """P(unfaithful) of each perception step of `new_steps` (None for reasoning steps)."""
         import numpy as np
 
-        from clients.hidden_states import Features
+        from faithproxy.clients.hidden_states import Features
 
         self.validate_request(ctx)
         wanted = [i for i, step in enumerate(new_steps) if step.kind is StepKind.PERCEPTION]
@@ -257,7 +259,7 @@ class ProbeDetector(Detector):
 async def record_features(hidden: HiddenStatesClient, ctx: ChainContext, steps: list[Step]) -> None:
     """Reads the features of the perception steps of `steps` that have none (for the trace: probes are
     trained from traces whose steps carry a judge's verdicts). Failures only leave them without."""
-    from clients.hidden_states import Features
+    from faithproxy.clients.hidden_states import Features
 
     todo = [i for i, s in enumerate(steps) if s.kind is StepKind.PERCEPTION and s.features is None]
     if not todo:

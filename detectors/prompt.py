@@ -10,12 +10,13 @@ import asyncio
 import time
 from typing import Any, ClassVar
 
-from clients.vllm import assistant_text_of
-from detectors.base import ChainContext, Detector
-from detectors.self_check_prompt import build_self_check_prompt, parse_self_check
-from faithcore.errors import DetectorError, UpstreamError
-from faithcore.images import image_parts
-from faithcore.types import Faithfulness, Step, StepKind, Verdict
+from faithproxy.clients.vllm import assistant_text_of
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError, UpstreamError
+from faithproxy.faithcore.images import image_parts
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 
 class SelfCheckDetector(Detector):

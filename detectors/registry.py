@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.base import Detector
+from faithproxy.detectors.base import Detector
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,13 @@ class Entry:
 
 
 DETECTORS: dict[str, Entry] = {
-    "judge": Entry("detectors.judge:JudgeDetector", "auxiliary VLM judge (Anthropic or OpenAI-compatible)"),
-    "prompt": Entry("detectors.prompt:SelfCheckDetector", "self-assessment prompting of the generator"),
-    "none": Entry("detectors.none:NoneDetector", "no check: every step passes unchecked"),
-    "probe": Entry("detectors.probe:ProbeDetector", "classifier over the generator's hidden states (vLLM route 1)"),
-    "cascade": Entry("detectors.cascade:CascadeDetector", "probe when confident, judge otherwise"),
+    "judge": Entry("faithproxy.detectors.judge:JudgeDetector", "auxiliary VLM judge (Anthropic or OpenAI-compatible)"),
+    "prompt": Entry("faithproxy.detectors.prompt:SelfCheckDetector", "self-assessment prompting of the generator"),
+    "none": Entry("faithproxy.detectors.none:NoneDetector", "no check: every step passes unchecked"),
+    "probe": Entry(
+        "faithproxy.detectors.probe:ProbeDetector", "classifier over the generator's hidden states (vLLM route 1)"
+    ),
+    "cascade": Entry("faithproxy.detectors.cascade:CascadeDetector", "probe when confident, judge otherwise"),
 }
 
 

@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from faithcore.errors import PolicyError
+from faithproxy.faithcore.errors import PolicyError
 
 
 @dataclass(frozen=True)

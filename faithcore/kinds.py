@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from faithcore.types import StepKind
+from faithproxy.faithcore.types import StepKind
 
 __all__ = ["classify_step"]
 

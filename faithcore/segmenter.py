@@ -33,8 +33,8 @@ import bisect
 import re
 from dataclasses import dataclass
 
-from faithcore.punkt_params import sentence_tokenizer
-from faithcore.types import Segment
+from faithproxy.faithcore.punkt_params import sentence_tokenizer
+from faithproxy.faithcore.types import Segment
 
 __all__ = ["StepSegmenter", "segment_text"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import abc
 from typing import ClassVar
 
-from detectors.base import ChainContext
-from faithcore.types import Step
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Step
 
 
 class Regenerator(abc.ABC):

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, ClassVar
 
-from clients.vllm import VLLMClient, choice_texts
-from detectors.base import ChainContext
-from faithcore.errors import RegenerationError, UpstreamError
-from faithcore.images import image_parts
-from faithcore.types import Step
-from regenerators.base import Regenerator
-from regenerators.prompts import build_regeneration_prompt, parse_bracketed
+from faithproxy.clients.vllm import VLLMClient, choice_texts
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import RegenerationError, UpstreamError
+from faithproxy.faithcore.images import image_parts
+from faithproxy.faithcore.types import Step
+from faithproxy.regenerators.base import Regenerator
+from faithproxy.regenerators.prompts import build_regeneration_prompt, parse_bracketed
 
 
 class ReflectRegenerator(Regenerator):

@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${1:-var/models/fixture-vlm}
 mkdir -p "$(dirname "$OUT")"
-exec "$PY" -m tinyvlm.train_fixture --out "$OUT" --if-stale
+exec "$PY" -m faithproxy.tinyvlm.train_fixture --out "$OUT" --if-stale

@@ -7,4 +7,4 @@ VENV=${VENV:-.venv}
 bash scripts/install_vllm.sh "$VENV"
 # The machine's pip config may point at a local torch wheel; the vLLM venv must keep its own torch.
 PIP_CONFIG_FILE=/dev/null "$VENV/bin/python" -m pip install -q -e ".[dev,models]"
-"$VENV/bin/python" -c "import torch, vllm, server, detectors; print('installed: torch', torch.__version__)"
+"$VENV/bin/python" -c "import torch, vllm, faithproxy.server, faithproxy.detectors; print('installed: torch', torch.__version__)"

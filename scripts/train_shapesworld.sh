@@ -13,7 +13,7 @@ OUT=${OUT:-var/sw-train}
 INSTALL=0
 if [[ "${1:-}" == "--install" ]]; then INSTALL=1; shift; fi
 mkdir -p "$OUT"
-nice -n 19 "$PY" -m shapesworld.model.train --out "$OUT" "$@" 2>&1 | tee -a "$OUT/train.log"
+nice -n 19 "$PY" -m faithproxy.shapesworld.model.train --out "$OUT" "$@" 2>&1 | tee -a "$OUT/train.log"
 if [[ $INSTALL == 1 ]]; then
     rm -rf shapesworld/model/weights
     cp -r "$OUT/final" shapesworld/model/weights

@@ -11,21 +11,21 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from clients.image_fetch import ImageFetcher
-from clients.judges import build_judge
-from clients.vllm import VLLMClient
-from detectors.registry import DetectorDeps, build_detectors
-from faithcore.errors import FaithproxyError, UpstreamError
-from regenerators.registry import build_regenerator
-from server.auth import ALWAYS_OPEN, APIKeyMiddleware
-from server.errors import faithproxy_error_handler, validation_error_handler
-from server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
-from server.metrics import Metrics
-from server.routers import chat, ops
-from server.schema import install_openapi
-from server.settings import Settings, get_settings
-from server.state import AppState
-from server.traces import TraceWriter
+from faithproxy.clients.image_fetch import ImageFetcher
+from faithproxy.clients.judges import build_judge
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.detectors.registry import DetectorDeps, build_detectors
+from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
+from faithproxy.regenerators.registry import build_regenerator
+from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
+from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
+from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
+from faithproxy.server.metrics import Metrics
+from faithproxy.server.routers import chat, ops
+from faithproxy.server.schema import install_openapi
+from faithproxy.server.settings import Settings, get_settings
+from faithproxy.server.state import AppState
+from faithproxy.server.traces import TraceWriter
 
 log = logging.getLogger("faithproxy")
 
@@ -73,13 +73,13 @@ def create_app(
             raise ValueError(f"FAITHPROXY_HINT_JUDGE={settings.hint_judge!r} is not one of the configured judges")
         hidden = probe = None
         if settings.hidden_states_layers:
-            from clients.hidden_states import HiddenStatesClient
+            from faithproxy.clients.hidden_states import HiddenStatesClient
 
             hidden = HiddenStatesClient(
                 generator, settings.hidden_states_layers, keep_files=settings.hidden_states_keep_files
             )
         if settings.probe_path:
-            from detectors.probe import Probe
+            from faithproxy.detectors.probe import Probe
 
             probe = Probe.load(settings.probe_path)  # a bad file or a layer mismatch stops the start
         deps = DetectorDeps(

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from faithcore.errors import AuthError
-from server.errors import send_error
+from faithproxy.faithcore.errors import AuthError
+from faithproxy.server.errors import send_error
 
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
 

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from faithcore.errors import FaithproxyError, UpstreamStatusError
+from faithproxy.faithcore.errors import FaithproxyError, UpstreamStatusError
 
 
 def error_body(exc: FaithproxyError) -> dict[str, Any]:

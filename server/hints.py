@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from clients.judge_base import JudgeBackend
+from faithproxy.clients.judge_base import JudgeBackend
 
 QUESTION_TYPES = ("counting", "attribute", "spatial", "existence", "comparison", "reading", "reasoning", "other")
 

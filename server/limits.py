@@ -22,9 +22,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from faithcore.errors import HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
-from server.errors import send_error
-from server.settings import Settings
+from faithproxy.faithcore.errors import HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
+from faithproxy.server.errors import send_error
+from faithproxy.server.settings import Settings
 
 CHAT_PATH = "/v1/chat/completions"
 

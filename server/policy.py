@@ -10,8 +10,8 @@ import difflib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from faithcore.errors import PolicyError
-from server.settings import Mode, OnDetectorError, Settings
+from faithproxy.faithcore.errors import PolicyError
+from faithproxy.server.settings import Mode, OnDetectorError, Settings
 
 HEADER_MODE = "x-faithproxy-mode"
 HEADER_DETECTOR = "x-faithproxy-detector"

@@ -11,10 +11,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.vllm import VLLMClient
-from faithcore.kinds import classify_step
-from faithcore.segmenter import StepSegmenter
-from faithcore.types import Channel, Step
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.faithcore.kinds import classify_step
+from faithproxy.faithcore.segmenter import StepSegmenter
+from faithproxy.faithcore.types import Channel, Step
 
 # Fields of a streamed delta that carry text we segment; everything else is passed on untouched.
 TEXT_FIELDS = {"reasoning": Channel.REASONING, "reasoning_content": Channel.REASONING, "content": Channel.CONTENT}

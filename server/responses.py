@@ -17,17 +17,17 @@ from typing import Any
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from detectors.base import ChainContext
-from faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError, UpstreamStatusError
-from faithcore.images import images_in_messages, last_user_text
-from server.errors import error_body, error_frame, error_response
-from server.hints import apply_hints, collect_hints
-from server.metrics import UPSTREAM_ERRORS
-from server.policy import RequestPolicy
-from server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
-from server.sse import DONE, ChunkFactory, frame
-from server.state import AppState
-from server.summary import step_annotation, summarize, trace_steps
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError, UpstreamStatusError
+from faithproxy.faithcore.images import images_in_messages, last_user_text
+from faithproxy.server.errors import error_body, error_frame, error_response
+from faithproxy.server.hints import apply_hints, collect_hints
+from faithproxy.server.metrics import UPSTREAM_ERRORS
+from faithproxy.server.policy import RequestPolicy
+from faithproxy.server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
+from faithproxy.server.sse import DONE, ChunkFactory, frame
+from faithproxy.server.state import AppState
+from faithproxy.server.summary import step_annotation, summarize, trace_steps
 
 log = logging.getLogger("faithproxy")
 

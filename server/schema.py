@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
-from detectors.registry import DETECTORS
-from server.policy import (
+from faithproxy.detectors.registry import DETECTORS
+from faithproxy.server.policy import (
     HEADER_ANNOTATE,
     HEADER_DETECTOR,
     HEADER_JUDGE,
@@ -22,7 +22,7 @@ from server.policy import (
     HEADER_MODE,
     HEADER_ON_DETECTOR_ERROR,
 )
-from server.settings import Settings
+from faithproxy.server.settings import Settings
 
 
 def _no_explicit_additional_properties(schema: dict[str, Any]) -> None:

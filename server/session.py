@@ -22,15 +22,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.vllm import VLLMClient
-from detectors.base import ChainContext, Detector
-from faithcore.errors import DetectorError, FaithproxyError, RegenerationError
-from faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
-from regenerators.base import Regenerator
-from server.metrics import DETECTOR_ERRORS, Metrics
-from server.policy import RequestPolicy
-from server.reader import ExtraDelta, Item, RoundEnd, RoundFailed, RoundReader, TextDelta, TrailingRaw
-from server.settings import Settings
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.detectors.base import Detector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError, FaithproxyError, RegenerationError
+from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
+from faithproxy.regenerators.base import Regenerator
+from faithproxy.server.metrics import DETECTOR_ERRORS, Metrics
+from faithproxy.server.policy import RequestPolicy
+from faithproxy.server.reader import ExtraDelta, Item, RoundEnd, RoundFailed, RoundReader, TextDelta, TrailingRaw
+from faithproxy.server.settings import Settings
 
 # ---- what the session hands to the response layer ----------------------------------------------
 
@@ -272,7 +273,7 @@ class ChainSession:
             return None  # nothing this detector would look at
         if self.hidden_states is not None and self.policy.detector not in ("probe", "cascade"):
             # features for the trace, read while the detector works (probe and cascade read their own)
-            from detectors.probe import record_features
+            from faithproxy.detectors.probe import record_features
 
             verdicts, _ = await asyncio.gather(
                 self._check(new_steps), record_features(self.hidden_states, self.ctx, new_steps)

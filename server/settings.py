@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from clients.image_fetch import FetchPolicy
-from clients.judges import JudgeConfig
+from faithproxy.clients.image_fetch import FetchPolicy
+from faithproxy.clients.judges import JudgeConfig
 
 _MiB = 1024 * 1024
 

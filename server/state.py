@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from clients.image_fetch import ImageFetcher
-from clients.vllm import VLLMClient
-from detectors.base import Detector
-from regenerators.base import Regenerator
-from server.metrics import Metrics
-from server.settings import Settings
-from server.traces import TraceWriter
+from faithproxy.clients.image_fetch import ImageFetcher
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.detectors.base import Detector
+from faithproxy.regenerators.base import Regenerator
+from faithproxy.server.metrics import Metrics
+from faithproxy.server.settings import Settings
+from faithproxy.server.traces import TraceWriter
 
 
 @dataclass

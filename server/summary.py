@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from faithcore.types import Faithfulness, Step, StepKind
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 
 
 def step_annotation(step: Step) -> dict[str, Any]:

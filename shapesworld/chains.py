@@ -48,10 +48,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shapesworld.claims import PERCEPTION, REASONING, check_chain
-from shapesworld.language import CountClaim, ObjectClaim, parse_claim, render_claim
-from shapesworld.perturb import OBJECT_KINDS, Perturbation, perturb_objects
-from shapesworld.questions import (
+from faithproxy.shapesworld.claims import PERCEPTION, REASONING, check_chain
+from faithproxy.shapesworld.language import CountClaim, ObjectClaim, parse_claim, render_claim
+from faithproxy.shapesworld.perturb import OBJECT_KINDS, Perturbation, perturb_objects
+from faithproxy.shapesworld.questions import (
     LETTERS,
     AttributeSpec,
     CountSpec,
@@ -64,8 +64,8 @@ from shapesworld.questions import (
     related_objects,
     solve,
 )
-from shapesworld.scenes import Scene
-from shapesworld.world import PLURALS, Ref, WorldObject, count_matching
+from faithproxy.shapesworld.scenes import Scene
+from faithproxy.shapesworld.world import PLURALS, Ref, WorldObject, count_matching
 
 SEPARATOR = " "  # between sentences inside <think>
 ONE_STEP, BY_OPTION, BY_OBJECT = "one-step", "by-option", "by-object"

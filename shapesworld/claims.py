@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shapesworld.language import Claim, CountClaim, ObjectClaim, is_reasoning, parse_claim
-from shapesworld.parser import ImageInput, parse_image
-from shapesworld.world import WorldObject, count_matching
+from faithproxy.shapesworld.language import Claim, CountClaim, ObjectClaim, is_reasoning, parse_claim
+from faithproxy.shapesworld.parser import ImageInput, parse_image
+from faithproxy.shapesworld.world import WorldObject, count_matching
 
 PERCEPTION = "perception"
 REASONING = "reasoning"

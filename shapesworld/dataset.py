@@ -17,11 +17,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shapesworld.chains import Chain, Hallucination, hallucinated_chain, reference_chain
-from shapesworld.examples import TextExample, regeneration_example, self_check_examples
-from shapesworld.export import image_filename, image_sha256, write_chains_jsonl
-from shapesworld.questions import QTYPES, NoQuestionError, Question, join_existence, make_question
-from shapesworld.scenes import DEFAULT_SIZE, Scene, generate_scene
+from faithproxy.shapesworld.chains import Chain, Hallucination, hallucinated_chain, reference_chain
+from faithproxy.shapesworld.examples import TextExample, regeneration_example, self_check_examples
+from faithproxy.shapesworld.export import image_filename, image_sha256, write_chains_jsonl
+from faithproxy.shapesworld.questions import QTYPES, NoQuestionError, Question, join_existence, make_question
+from faithproxy.shapesworld.scenes import DEFAULT_SIZE, Scene, generate_scene
 
 # Whether existence options are written as one word each ("red-square"); the language of the
 # committed model's questions. Its run trained on the two-word options up to `--joined-from`.

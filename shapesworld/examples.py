@@ -11,14 +11,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from detectors.self_check_prompt import build_self_check_prompt
-from regenerators.prompts import build_regeneration_prompt
-from shapesworld.chains import Chain, Hallucination
-from shapesworld.claims import PERCEPTION
-from shapesworld.language import parse_claim, render_claim
-from shapesworld.perturb import perturb_claim
-from shapesworld.questions import Question
-from shapesworld.scenes import Scene
+from faithproxy.detectors.self_check_prompt import build_self_check_prompt
+from faithproxy.regenerators.prompts import build_regeneration_prompt
+from faithproxy.shapesworld.chains import Chain, Hallucination
+from faithproxy.shapesworld.claims import PERCEPTION
+from faithproxy.shapesworld.language import parse_claim, render_claim
+from faithproxy.shapesworld.perturb import perturb_claim
+from faithproxy.shapesworld.questions import Question
+from faithproxy.shapesworld.scenes import Scene
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from shapesworld.chains import Chain
-from shapesworld.questions import Question
-from shapesworld.scenes import Scene, png_bytes, render
+from faithproxy.shapesworld.chains import Chain
+from faithproxy.shapesworld.questions import Question
+from faithproxy.shapesworld.scenes import Scene, png_bytes, render
 
 
 def image_sha256(scene: Scene) -> str:

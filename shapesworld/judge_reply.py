@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shapesworld.claims import ChainCheck, check_chain
-from shapesworld.parser import ImageInput, ParsedScene, parse_image
-from shapesworld.world import Ref
+from faithproxy.shapesworld.claims import ChainCheck, check_chain
+from faithproxy.shapesworld.parser import ImageInput, ParsedScene, parse_image
+from faithproxy.shapesworld.world import Ref
 
 
 def describe(scene: ParsedScene) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shapesworld.world import COLOURS, PLURALS, POSITIONS, SHAPES, SIZES, Ref
+from faithproxy.shapesworld.world import COLOURS, PLURALS, POSITIONS, SHAPES, SIZES, Ref
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from shapesworld.world import BACKGROUND, PALETTE, WorldObject, cell_index, side_lengths
+from faithproxy.shapesworld.world import BACKGROUND, PALETTE, WorldObject, cell_index, side_lengths
 
 # A pixel is foreground when some channel is this far from white; palette colours are >= 200 away.
 _FOREGROUND_DISTANCE = 60

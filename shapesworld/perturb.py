@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from shapesworld.claims import check_claim
-from shapesworld.language import RELATIONS, Claim, CountClaim, ObjectClaim, RelationClaim
-from shapesworld.scenes import MAX_OBJECTS
-from shapesworld.world import CELLS, COLOURS, SHAPES, SIZES, Ref, WorldObject
+from faithproxy.shapesworld.claims import check_claim
+from faithproxy.shapesworld.language import RELATIONS, Claim, CountClaim, ObjectClaim, RelationClaim
+from faithproxy.shapesworld.scenes import MAX_OBJECTS
+from faithproxy.shapesworld.world import CELLS, COLOURS, SHAPES, SIZES, Ref, WorldObject
 
 OBJECT_KINDS: tuple[str, ...] = ("colour", "shape", "size", "position", "drop", "add")
 _ALTERNATIVES = {"colour": COLOURS, "shape": SHAPES, "size": SIZES}

@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shapesworld.claims import relation_holds
-from shapesworld.language import RELATIONS
-from shapesworld.scenes import MAX_OBJECTS, Scene
-from shapesworld.world import COLOURS, PLURALS, POSITIONS, SHAPES, Ref, WorldObject, count_matching
+from faithproxy.shapesworld.claims import relation_holds
+from faithproxy.shapesworld.language import RELATIONS
+from faithproxy.shapesworld.scenes import MAX_OBJECTS, Scene
+from faithproxy.shapesworld.world import COLOURS, PLURALS, POSITIONS, SHAPES, Ref, WorldObject, count_matching
 
 QTYPES: tuple[str, ...] = ("count", "attribute", "existence", "spatial", "comparison")
 LETTERS = "ABCD"

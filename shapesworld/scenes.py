@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from shapesworld.world import (
+from faithproxy.shapesworld.world import (
     BACKGROUND,
     CELLS,
     COLOURS,

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from clients.judges import JudgeConfig
-from server.settings import Settings
+from faithproxy.clients.judges import JudgeConfig
+from faithproxy.server.settings import Settings
 
 
 def local_judge_settings(vllm_url: str, judge_url: str, **overrides: Any) -> Settings:

@@ -23,7 +23,7 @@ from transformers import (
     Qwen2VLVideoProcessor,
 )
 
-from tinyvlm.tokenizer import CHAT_TEMPLATE
+from faithproxy.tinyvlm.tokenizer import CHAT_TEMPLATE
 
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 224 * 224

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.self_check_prompt import build_self_check_prompt
-from regenerators.prompts import build_regeneration_prompt
-from tinyvlm import fixture_spec as spec
+from faithproxy.detectors.self_check_prompt import build_self_check_prompt
+from faithproxy.regenerators.prompts import build_regeneration_prompt
+from faithproxy.tinyvlm import fixture_spec as spec
 
 FAITHFUL, UNFAITHFUL = "FAITHFUL", "UNFAITHFUL"
 

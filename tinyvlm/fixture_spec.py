@@ -32,7 +32,7 @@ import io
 import json
 from dataclasses import asdict, dataclass
 
-from faithcore.types import StepKind
+from faithproxy.faithcore.types import StepKind
 
 IMAGE_SIZE = 112  # square on purpose: a trial saw vLLM and transformers disagree on non-square grids
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from tinyvlm import fixture_spec as spec
-from tinyvlm.examples import Example
+from faithproxy.tinyvlm import fixture_spec as spec
+from faithproxy.tinyvlm.examples import Example
 
 
 def prompt_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:

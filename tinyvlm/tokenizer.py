@@ -110,6 +110,6 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
 
 def fixture_tokenizer() -> PreTrainedTokenizerFast:
     """The tokenizer of the fixture model (trained on every fixture prompt and completion)."""
-    from tinyvlm.examples import corpus_texts
+    from faithproxy.tinyvlm.examples import corpus_texts
 
     return train_tokenizer(corpus_texts())

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from tinyvlm import build, hf_reference
-from tinyvlm import fixture_spec as spec
-from tinyvlm.examples import Example, all_examples
-from tinyvlm.tokenizer import fixture_tokenizer
+from faithproxy.tinyvlm import build, hf_reference
+from faithproxy.tinyvlm import fixture_spec as spec
+from faithproxy.tinyvlm.examples import Example, all_examples
+from faithproxy.tinyvlm.tokenizer import fixture_tokenizer
 
 IGNORE = -100
 MARGIN = 4.0  # minimum logit gap between each target token and the runner-up before we stop

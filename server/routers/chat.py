@@ -11,13 +11,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from faithcore.errors import FaithproxyError, PolicyError
-from server.errors import error_response
-from server.limits import check_body
-from server.policy import policy_from_headers
-from server.responses import ChatServing
-from server.schema import CHAT_OPENAPI_EXTRA, CHAT_RESPONSES
-from server.state import StateDep
+from faithproxy.faithcore.errors import FaithproxyError, PolicyError
+from faithproxy.server.errors import error_response
+from faithproxy.server.limits import check_body
+from faithproxy.server.policy import policy_from_headers
+from faithproxy.server.responses import ChatServing
+from faithproxy.server.schema import CHAT_OPENAPI_EXTRA, CHAT_RESPONSES
+from faithproxy.server.state import StateDep
 
 router = APIRouter()
 

@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from faithcore.errors import UpstreamError
-from server.errors import error_response
-from server.state import StateDep
+from faithproxy.faithcore.errors import UpstreamError
+from faithproxy.server.errors import error_response
+from faithproxy.server.state import StateDep
 
 router = APIRouter()
 

@@ -120,7 +120,7 @@ def build_model(tokenizer: Any, size: ModelSize, seed: int) -> Any:
     """Randomly initialised float32 model (the same weights for the same seed and size)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from tinyvlm.build import generation_config
+    from faithproxy.tinyvlm.build import generation_config
 
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(model_config(tokenizer, size))

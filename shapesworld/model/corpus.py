@@ -19,11 +19,11 @@ from typing import Any
 
 from PIL import Image
 
-from shapesworld.chains import ONE_STEP, reference_chain
-from shapesworld.dataset import JOINED_EXISTENCE, Item, generate_items, item_examples
-from shapesworld.questions import QTYPES
-from shapesworld.scenes import Scene, render
-from shapesworld.world import COLOURS, SHAPES
+from faithproxy.shapesworld.chains import ONE_STEP, reference_chain
+from faithproxy.shapesworld.dataset import JOINED_EXISTENCE, Item, generate_items, item_examples
+from faithproxy.shapesworld.questions import QTYPES
+from faithproxy.shapesworld.scenes import Scene, render
+from faithproxy.shapesworld.world import COLOURS, SHAPES
 
 GENERATOR, REGENERATION, SELF_CHECK = "generator", "regeneration", "self_check"
 TASKS = (GENERATOR, REGENERATION, SELF_CHECK)
@@ -227,7 +227,7 @@ def tokenizer_texts(count: int = TOKENIZER_ITEMS) -> list[str]:
 
 def shapesworld_tokenizer(count: int = TOKENIZER_ITEMS) -> Any:
     """The byte-level BPE of `tinyvlm.tokenizer`, trained on ShapesWorld texts (deterministic)."""
-    from tinyvlm.tokenizer import train_tokenizer
+    from faithproxy.tinyvlm.tokenizer import train_tokenizer
 
     return train_tokenizer(tokenizer_texts(count))
 

@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from shapesworld.model import WEIGHTS_DIR
-from shapesworld.model.corpus import HELDOUT_SEED, REGENERATION, SELF_CHECK, Sample, stream, user_message
-from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
-from shapesworld.scenes import Scene, png_bytes, render
+from faithproxy.shapesworld.model import WEIGHTS_DIR
+from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, REGENERATION, SELF_CHECK, Sample, stream, user_message
+from faithproxy.shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
+from faithproxy.shapesworld.scenes import Scene, png_bytes, render
 
 SERVED_NAME = "shapesworld-vlm"
 
@@ -40,7 +40,7 @@ def transformers_replies(model_dir: Path, samples: list[tuple[str, Scene]], max_
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from shapesworld.model.greedy import generate_one
+    from faithproxy.shapesworld.model.greedy import generate_one
 
     torch.set_num_threads(2)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -57,8 +57,8 @@ def image_dependence(model_dir: Path, n: int = 32) -> dict[str, float]:
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from shapesworld.model.corpus import GENERATOR
-    from shapesworld.model.train import IGNORE, encode
+    from faithproxy.shapesworld.model.corpus import GENERATOR
+    from faithproxy.shapesworld.model.train import IGNORE, encode
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -110,7 +110,7 @@ def parity_report(hf: list[str], vllm: list[str], item_ids: list[str], show: int
 def evaluate(
     model_dir: Path, n: int, parity: int, aux: int, concurrency: int, max_new_tokens: int, log_path: Path | None
 ) -> dict[str, Any]:
-    from tinyvlm.serve import start_vllm
+    from faithproxy.tinyvlm.serve import start_vllm
 
     items = heldout_items(n)
     questions = [(i.question.prompt, i.scene) for i in items]

@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from shapesworld.chains import ONE_STEP
-from shapesworld.model.corpus import HELDOUT_SEED, generator_sample, lookup_stream
-from shapesworld.model.greedy import generate_in_batches
-from shapesworld.model.letter_lookup import checkpoint_cli, letter_hits
-from shapesworld.model.scoring import heldout_items, score_reply
-from shapesworld.questions import QTYPES
-from shapesworld.scenes import render
+from faithproxy.shapesworld.chains import ONE_STEP
+from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, generator_sample, lookup_stream
+from faithproxy.shapesworld.model.greedy import generate_in_batches
+from faithproxy.shapesworld.model.letter_lookup import checkpoint_cli, letter_hits
+from faithproxy.shapesworld.model.scoring import heldout_items, score_reply
+from faithproxy.shapesworld.questions import QTYPES
+from faithproxy.shapesworld.scenes import render
 
 
 def measure(path: Path, n: int, existence: str = ONE_STEP) -> dict[str, Any]:

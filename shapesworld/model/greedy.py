@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from shapesworld.model.corpus import user_message
-from tinyvlm.hf_reference import prompt_text
+from faithproxy.shapesworld.model.corpus import user_message
+from faithproxy.tinyvlm.hf_reference import prompt_text
 
 
 @torch.inference_mode()

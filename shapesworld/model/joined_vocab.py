@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from shapesworld.model.config import vocab_rows
-from shapesworld.model.corpus import JOINED_TOKENS, add_joined_tokens
+from faithproxy.shapesworld.model.config import vocab_rows
+from faithproxy.shapesworld.model.corpus import JOINED_TOKENS, add_joined_tokens
 
 
 def join_vocab(model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer | None = None) -> list[int]:

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from shapesworld.chains import EXISTENCE_STYLES, ONE_STEP
-from shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream, lookup_stream
-from shapesworld.model.scoring import heldout_items
-from shapesworld.model.train import encode, option_letter_ids
+from faithproxy.shapesworld.chains import EXISTENCE_STYLES, ONE_STEP
+from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, Sample, generator_sample, letters_stream, lookup_stream
+from faithproxy.shapesworld.model.scoring import heldout_items
+from faithproxy.shapesworld.model.train import encode, option_letter_ids
 
 
 def letter_hits(model: Any, processor: Any, samples: Iterable[Sample]) -> list[list[bool]]:

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
-from shapesworld.scenes import Scene
-from shapesworld.world import CELLS, COLOURS, SHAPES, SIZES
+from faithproxy.shapesworld.scenes import Scene
+from faithproxy.shapesworld.world import CELLS, COLOURS, SHAPES, SIZES
 
 IGNORE = -100
 

@@ -17,15 +17,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.self_check_prompt import parse_self_check
-from faithcore.segmenter import segment_text
-from regenerators.prompts import parse_bracketed
-from shapesworld.claims import PERCEPTION, check_chain, check_chain_image, check_sentence
-from shapesworld.dataset import JOINED_EXISTENCE, Item, generate_items
-from shapesworld.language import CountClaim, ObjectClaim, is_reasoning
-from shapesworld.model.corpus import HELDOUT_SEED
-from shapesworld.questions import QTYPES
-from shapesworld.scenes import render
+from faithproxy.detectors.self_check_prompt import parse_self_check
+from faithproxy.faithcore.segmenter import segment_text
+from faithproxy.regenerators.prompts import parse_bracketed
+from faithproxy.shapesworld.claims import PERCEPTION, check_chain, check_chain_image, check_sentence
+from faithproxy.shapesworld.dataset import JOINED_EXISTENCE, Item, generate_items
+from faithproxy.shapesworld.language import CountClaim, ObjectClaim, is_reasoning
+from faithproxy.shapesworld.model.corpus import HELDOUT_SEED
+from faithproxy.shapesworld.questions import QTYPES
+from faithproxy.shapesworld.scenes import render
 
 _ANSWER = re.compile(r"The answer is ([A-D])\.")
 _OPTION = re.compile(r"So the answer is (.+?) ([A-D])\.(?:\s|$)")

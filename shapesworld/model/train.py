@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from shapesworld.chains import BY_OBJECT, BY_OPTION, ONE_STEP
-from shapesworld.model import config as cfg
-from shapesworld.model.corpus import (
+from faithproxy.shapesworld.chains import BY_OBJECT, BY_OPTION, ONE_STEP
+from faithproxy.shapesworld.model import config as cfg
+from faithproxy.shapesworld.model.corpus import (
     ANSWER,
     EXISTENCE,
     GENERATOR,
@@ -62,15 +62,15 @@ from shapesworld.model.corpus import (
     task_seed,
     user_message,
 )
-from shapesworld.model.greedy import generate_in_batches
-from shapesworld.model.grow import grow, grown_positions
-from shapesworld.model.joined_vocab import join_vocab
-from shapesworld.model.probe import CellProbe, PositionProbe, VisionTap
-from shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
-from shapesworld.scenes import DEFAULT_SIZE, render
-from tinyvlm import build
-from tinyvlm.hf_reference import prompt_text
-from tinyvlm.train_fixture import IGNORE, Batch
+from faithproxy.shapesworld.model.greedy import generate_in_batches
+from faithproxy.shapesworld.model.grow import grow, grown_positions
+from faithproxy.shapesworld.model.joined_vocab import join_vocab
+from faithproxy.shapesworld.model.probe import CellProbe, PositionProbe, VisionTap
+from faithproxy.shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
+from faithproxy.shapesworld.scenes import DEFAULT_SIZE, render
+from faithproxy.tinyvlm import build
+from faithproxy.tinyvlm.hf_reference import prompt_text
+from faithproxy.tinyvlm.train_fixture import IGNORE, Batch
 
 BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per

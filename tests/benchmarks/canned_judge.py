@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from clients.judge_base import JudgeBackend, JudgeConfig, JudgeResult
-from faithcore.images import ImageRef
+from faithproxy.clients.judge_base import JudgeBackend, JudgeConfig, JudgeResult
+from faithproxy.faithcore.images import ImageRef
 
 
 class CannedJudge(JudgeBackend):

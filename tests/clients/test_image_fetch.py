@@ -27,15 +27,15 @@ from fastapi.responses import PlainTextResponse, RedirectResponse, Response, Str
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.judge_server import running_judge_server
-from benchmarks.local_server import running_app
-from clients.image_fetch import FetchPolicy, ImageFetcher, host_allowed, is_public
-from clients.judges import JudgeConfig
-from faithcore.errors import ImageRefused
-from faithcore.images import parse_image_url
-from server.app import create_app
-from server.settings import Settings
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.judge_server import running_judge_server
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.clients.image_fetch import FetchPolicy, ImageFetcher, host_allowed, is_public
+from faithproxy.clients.judges import JudgeConfig
+from faithproxy.faithcore.errors import ImageRefused
+from faithproxy.faithcore.images import parse_image_url
+from faithproxy.server.app import create_app
+from faithproxy.server.settings import Settings
 from tests.server.fakes import MockVLLM
 
 PNG = base64.b64decode(

@@ -12,12 +12,17 @@ import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from benchmarks.judge_server import GARBAGE_REPLY, JudgeServerState, create_app, running_judge_server
-from clients.anthropic_judge import AnthropicJudge
-from clients.judges import JudgeBackend, JudgeConfig, OpenAICompatibleJudge, build_judge, build_judges
-from detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt
-from faithcore.errors import DetectorError
-from faithcore.images import parse_image_url
+from faithproxy.benchmarks.standins.judge_server import (
+    GARBAGE_REPLY,
+    JudgeServerState,
+    create_app,
+    running_judge_server,
+)
+from faithproxy.clients.anthropic_judge import AnthropicJudge
+from faithproxy.clients.judges import JudgeBackend, JudgeConfig, OpenAICompatibleJudge, build_judge, build_judges
+from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.images import parse_image_url
 from tests.support import local_judge_config
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="

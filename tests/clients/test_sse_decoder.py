@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients.sse import SSEDecoder
+from faithproxy.clients.sse import SSEDecoder
 
 STREAM = (
     'data: {"a": 1}\n\n'

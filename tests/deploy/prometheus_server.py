@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import yaml
 
+from faithproxy.tinyvlm.serve import free_port
 from tests.deploy import assets
-from tinyvlm.serve import free_port
 
 
 class PrometheusError(RuntimeError):

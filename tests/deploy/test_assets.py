@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from server.settings import Settings
+from faithproxy.server.settings import Settings
 from tests.deploy import assets
 
 # What the dashboard must show (issue 6), as words its panel titles carry.

@@ -28,14 +28,14 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.local_server import running_app
-from faithcore.types import StepKind
-from server.app import create_app
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.faithcore.types import StepKind
+from faithproxy.server.app import create_app
+from faithproxy.tinyvlm import fixture_spec as spec
 from tests.deploy import assets
 from tests.deploy.prometheus_server import PrometheusError, PrometheusServer, render_config, start_prometheus
 from tests.support import local_judge_settings
-from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
 

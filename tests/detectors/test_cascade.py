@@ -6,10 +6,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from detectors.base import ChainContext, Detector
-from detectors.cascade import CascadeDetector
-from detectors.probe import ProbeDetector
-from faithcore.types import Faithfulness, Step, StepKind, Verdict
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.cascade import CascadeDetector
+from faithproxy.detectors.probe import ProbeDetector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
 

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from benchmarks.judge_server import JudgeServerState, create_app, running_judge_server
-from clients.judges import JudgeBackend, JudgeConfig, JudgeResult, build_judge
-from detectors.base import ChainContext
-from detectors.judge import DescriptionCache, JudgeDetector
-from detectors.none import NoneDetector
-from faithcore.errors import DetectorError
-from faithcore.images import ImageRef, parse_image_url
-from faithcore.types import Faithfulness, Step, StepKind
+from faithproxy.benchmarks.standins.judge_server import JudgeServerState, create_app, running_judge_server
+from faithproxy.clients.judges import JudgeBackend, JudgeConfig, JudgeResult, build_judge
+from faithproxy.detectors.judge import DescriptionCache, JudgeDetector
+from faithproxy.detectors.none import NoneDetector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.images import ImageRef, parse_image_url
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 from tests.support import local_judge_config
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="

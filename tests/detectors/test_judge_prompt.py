@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detectors.judge_prompt import (
+from faithproxy.detectors.judge_prompt import (
     JudgeReply,
     build_judge_prompt,
     parse_judge_prompt,
     parse_judge_prompt_details,
     parse_judge_reply,
 )
-from faithcore.errors import DetectorError
-from faithcore.types import StepKind
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.types import StepKind
 
 P, R = StepKind.PERCEPTION, StepKind.REASONING
 CHAIN = [

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.hidden_states import Features, HiddenStates, HiddenStatesClient
-from detectors.base import ChainContext
-from detectors.probe import Probe, ProbeDetector, ProbeFileError, chain_prefix
-from faithcore.errors import DetectorError, ProbeMismatch, UpstreamError
-from faithcore.types import Channel, Faithfulness, Step, StepKind
+from faithproxy.clients.hidden_states import Features, HiddenStates, HiddenStatesClient
+from faithproxy.detectors.probe import Probe, ProbeDetector, ProbeFileError, chain_prefix
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError, ProbeMismatch, UpstreamError
+from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind
 
 H = 4
 LAYERS = [1, 2]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from detectors.self_check_prompt import build_self_check_prompt, parse_self_check
+from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
 
 
 def test_prompt_shape() -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faithcore.errors import PolicyError
-from faithcore.images import ImageRef, image_parts, images_in_messages, last_user_text, parse_image_url
+from faithproxy.faithcore.errors import PolicyError
+from faithproxy.faithcore.images import ImageRef, image_parts, images_in_messages, last_user_text, parse_image_url
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from faithcore.kinds import classify_step
-from faithcore.types import StepKind
+from faithproxy.faithcore.kinds import classify_step
+from faithproxy.faithcore.types import StepKind
 
 PERCEPTION = [
     "The shape is a triangle.",

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import faithcore.segmenter as segmenter_module
-from faithcore.segmenter import StepSegmenter, segment_text
-from faithcore.types import Segment
+import faithproxy.faithcore.segmenter as segmenter_module
+from faithproxy.faithcore.segmenter import StepSegmenter, segment_text
+from faithproxy.faithcore.types import Segment
 
 QWEN_CHAIN = (
     "<think>\nOkay, let me look at the image. The image shows a red car parked at 3.5 m from the curb, "

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from detectors.self_check_prompt import parse_self_check
-from regenerators.prompts import parse_bracketed
-from tinyvlm import examples as ex
-from tinyvlm import fixture_spec as spec
+from faithproxy.detectors.self_check_prompt import parse_self_check
+from faithproxy.regenerators.prompts import parse_bracketed
+from faithproxy.tinyvlm import examples as ex
+from faithproxy.tinyvlm import fixture_spec as spec
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ def hf_model(fixture_model_dir: Path) -> tuple[Any, Any]:
 
 def test_prompt_tokens_match_transformers(client: Any, vllm_server: Any, hf_model: tuple[Any, Any]) -> None:
     """vLLM renders and tokenizes each chat exactly as transformers does (image tokens included)."""
-    from tinyvlm.hf_reference import encode_prompt
+    from faithproxy.tinyvlm.hf_reference import encode_prompt
 
     _, processor = hf_model
     for example in ALL_EXAMPLES:
@@ -174,7 +174,7 @@ def test_prompt_tokens_match_transformers(client: Any, vllm_server: Any, hf_mode
 
 @pytest.mark.parametrize("task", ["chain", "regeneration", "continuation", "self_check"])
 def test_vllm_matches_transformers(client: Any, vllm_server: Any, hf_model: tuple[Any, Any], task: str) -> None:
-    from tinyvlm.hf_reference import greedy_reply
+    from faithproxy.tinyvlm.hf_reference import greedy_reply
 
     model, processor = hf_model
     for example in (e for e in ALL_EXAMPLES if e.task == task):

@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.judge_server import HINT_REPLY
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.local_server import running_app
-from server.app import create_app
-from server.hints import parse_hint_reply
+from faithproxy.benchmarks.standins.judge_server import HINT_REPLY
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.server.app import create_app
+from faithproxy.server.hints import parse_hint_reply
+from faithproxy.tinyvlm import fixture_spec as spec
 from tests.server.fakes import metric
 from tests.support import local_judge_settings, proxy_metrics, read_traces
-from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
 HINTS = parse_hint_reply(HINT_REPLY)

@@ -21,15 +21,15 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from benchmarks import probe_bench, probe_cli
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.local_server import running_app
-from clients.hidden_states import HiddenStatesClient, read_hidden_states, server_args
-from clients.vllm import VLLMClient
-from server.app import create_app
+from faithproxy.benchmarks.probes import probe_bench, probe_cli
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.clients.hidden_states import HiddenStatesClient, read_hidden_states, server_args
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.server.app import create_app
+from faithproxy.tinyvlm import fixture_spec as spec
 from tests.server.fakes import metric
 from tests.support import local_judge_settings, proxy_metrics, read_traces
-from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
 
@@ -50,7 +50,7 @@ class CaptureServer:
 def capture_server(fixture_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed in this interpreter")
-    from tinyvlm.serve import VLLMStartError, start_vllm
+    from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
 
     storage = tmp_path_factory.mktemp("hidden-states")
     log = tmp_path_factory.mktemp("vllm-capture") / "vllm.log"
@@ -180,7 +180,7 @@ def _worst_cosine(model_dir: Path, files: list[Path], fixture: str) -> float:
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from tinyvlm.hf_reference import prompt_text
+    from faithproxy.tinyvlm.hf_reference import prompt_text
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(model_dir)

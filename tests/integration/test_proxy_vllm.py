@@ -18,13 +18,13 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.local_server import running_app
-from server.app import create_app
-from server.settings import Settings
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.server.app import create_app
+from faithproxy.server.settings import Settings
+from faithproxy.tinyvlm import fixture_spec as spec
 from tests.server.fakes import metric
 from tests.support import local_judge_settings, proxy_metrics, read_traces
-from tinyvlm import fixture_spec as spec
 
 pytestmark = [pytest.mark.integration]
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from regenerators.prompts import build_regeneration_prompt, parse_bracketed
+from faithproxy.regenerators.prompts import build_regeneration_prompt, parse_bracketed
 
 
 def test_prompt_carries_question_prefix_and_flagged_step() -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from clients.vllm import VLLMClient
-from detectors.base import ChainContext
-from faithcore.errors import RegenerationError
-from faithcore.types import Step, StepKind
-from regenerators.reflect import ReflectRegenerator
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import RegenerationError
+from faithproxy.faithcore.types import Step, StepKind
+from faithproxy.regenerators.reflect import ReflectRegenerator
 
 BAD = "There are 4 objects in the image."
 

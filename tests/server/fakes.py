@@ -16,7 +16,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from benchmarks.local_server import running_app
+from faithproxy.benchmarks.standins.local_server import running_app
 
 SENTENCES = ["The image shows a red circle. ", "It is on a white background. ", "So the answer is red."]
 

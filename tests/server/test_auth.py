@@ -16,13 +16,13 @@ import httpx
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.judge_server import running_judge_server
-from benchmarks.local_server import running_app
-from clients.judges import JudgeConfig
-from server.app import create_app
-from server.auth import APIKeyMiddleware
-from server.settings import Settings
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.judge_server import running_judge_server
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.clients.judges import JudgeConfig
+from faithproxy.server.app import create_app
+from faithproxy.server.auth import APIKeyMiddleware
+from faithproxy.server.settings import Settings
 from tests.server.fakes import MockVLLM, frames
 
 CLIENT_KEY = "fp-client-key-0123456789abcdef"

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from faithcore.segmenter import segment_text
+from faithproxy.faithcore.segmenter import segment_text
 
 CHAIN = (
     "<think>\nThe image shows a red car, e.g. a sedan. It is 3.5 m long.\n\n1. First item.\n</think>\n\n"
@@ -14,7 +14,12 @@ CHAIN = (
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args], input=stdin, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-m", "faithproxy.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
 
 

@@ -23,13 +23,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from benchmarks.judge_server import JudgeServerState
-from benchmarks.judge_server import create_app as create_judge_app
-from benchmarks.local_server import running_app
-from clients.judges import JudgeConfig
-from server.app import create_app
-from server.metrics import UPSTREAM_ERRORS
-from server.settings import Settings
+from faithproxy.benchmarks.standins.judge_server import JudgeServerState
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.clients.judges import JudgeConfig
+from faithproxy.server.app import create_app
+from faithproxy.server.metrics import UPSTREAM_ERRORS
+from faithproxy.server.settings import Settings
 from tests.server.fakes import fault_vllm_app, frames, metric, threaded_app
 
 DEADLINE_S = 15

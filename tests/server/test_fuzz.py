@@ -20,15 +20,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation import GenerationMode
 
-from clients.vllm import _parse_chunk
-from detectors.base import Usage
-from faithcore.errors import FaithproxyError, PolicyError, UpstreamError
-from server.app import create_app
-from server.limits import check_body
-from server.policy import RequestPolicy, policy_from_headers
-from server.reader import RoundReader
-from server.routers.chat import _parse_body
-from server.settings import Settings
+from faithproxy.clients.vllm import _parse_chunk
+from faithproxy.faithcore.context import Usage
+from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamError
+from faithproxy.server.app import create_app
+from faithproxy.server.limits import check_body
+from faithproxy.server.policy import RequestPolicy, policy_from_headers
+from faithproxy.server.reader import RoundReader
+from faithproxy.server.routers.chat import _parse_body
+from faithproxy.server.settings import Settings
 from tests.server.fakes import MockVLLM, completion, delta, frames, sse, streamed
 
 INJECTED = "injected upstream failure"

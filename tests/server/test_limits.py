@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.local_server import running_app
-from faithcore.errors import PayloadTooLarge, PolicyError
-from server.app import create_app
-from server.limits import check_body, data_url_size
-from server.settings import Settings
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.faithcore.errors import PayloadTooLarge, PolicyError
+from faithproxy.server.app import create_app
+from faithproxy.server.limits import check_body, data_url_size
+from faithproxy.server.settings import Settings
 from tests.server.fakes import MockVLLM, delta, frames, sse
 
 HEADERS = {"x-faithproxy-detector": "none"}

@@ -2,9 +2,9 @@
 
 import pytest
 
-from faithcore.errors import PolicyError
-from server.policy import policy_from_headers
-from server.settings import Settings
+from faithproxy.faithcore.errors import PolicyError
+from faithproxy.server.policy import policy_from_headers
+from faithproxy.server.settings import Settings
 
 DETECTORS = ["judge", "prompt", "none"]
 JUDGES = ["claude", "qwen"]

@@ -10,14 +10,15 @@ from typing import Any, ClassVar
 import httpx
 from prometheus_client import CollectorRegistry
 
-from clients.vllm import VLLMClient
-from detectors.base import ChainContext, Detector
-from faithcore.types import Faithfulness, Step, StepKind, Verdict
-from regenerators.base import Regenerator
-from server.metrics import Metrics
-from server.policy import RequestPolicy
-from server.session import ChainSession, EmitEnd, EmitText
-from server.settings import Settings
+from faithproxy.clients.vllm import VLLMClient
+from faithproxy.detectors.base import Detector
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
+from faithproxy.regenerators.base import Regenerator
+from faithproxy.server.metrics import Metrics
+from faithproxy.server.policy import RequestPolicy
+from faithproxy.server.session import ChainSession, EmitEnd, EmitText
+from faithproxy.server.settings import Settings
 
 BAD = "The car is blue."
 

@@ -2,10 +2,10 @@
 
 import json
 
-from clients.sse import SSEDecoder
-from faithcore.errors import DetectorError
-from server.errors import error_frame
-from server.sse import DONE, ChunkFactory, frame
+from faithproxy.clients.sse import SSEDecoder
+from faithproxy.faithcore.errors import DetectorError
+from faithproxy.server.errors import error_frame
+from faithproxy.server.sse import DONE, ChunkFactory, frame
 
 
 def test_chunks_share_id_and_carry_role_once() -> None:

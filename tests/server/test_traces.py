@@ -4,7 +4,7 @@ import json
 import threading
 from pathlib import Path
 
-from server.traces import TRACE_SCHEMA_VERSION, TraceWriter
+from faithproxy.server.traces import TRACE_SCHEMA_VERSION, TraceWriter
 
 
 def test_concurrent_writers_produce_whole_lines(tmp_path: Path) -> None:

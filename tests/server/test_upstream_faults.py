@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.local_server import running_app
-from server.app import create_app
-from server.settings import Settings
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.server.app import create_app
+from faithproxy.server.settings import Settings
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
 HEADERS = {"x-faithproxy-detector": "none"}

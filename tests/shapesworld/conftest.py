@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shapesworld.parser import ParsedScene, parse_image
-from shapesworld.scenes import Scene, generate_scene, render
+from faithproxy.shapesworld.parser import ParsedScene, parse_image
+from faithproxy.shapesworld.scenes import Scene, generate_scene, render
 
 FIXED_SEED = 20240601
 FIXED_COUNT = 300

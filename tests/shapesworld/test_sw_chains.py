@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from shapesworld.chains import (
+from faithproxy.shapesworld.chains import (
     BY_OBJECT,
     BY_OPTION,
     Chain,
@@ -11,10 +11,10 @@ from shapesworld.chains import (
     perception_sentences,
     reference_chain,
 )
-from shapesworld.claims import PERCEPTION, REASONING, check_chain
-from shapesworld.language import parse_claim
-from shapesworld.perturb import OBJECT_KINDS
-from shapesworld.questions import LETTERS, QTYPES, make_question
+from faithproxy.shapesworld.claims import PERCEPTION, REASONING, check_chain
+from faithproxy.shapesworld.language import parse_claim
+from faithproxy.shapesworld.perturb import OBJECT_KINDS
+from faithproxy.shapesworld.questions import LETTERS, QTYPES, make_question
 
 _SHAPE = re.compile(r"\A<think>\n(?P<inner>.+)\n</think>\n\nThe answer is (?P<letter>[ABCD])\.\Z", re.DOTALL)
 
@@ -83,8 +83,8 @@ def _existence_steps(qtype, fixed_scenes, style):
     """For each scene's question of `qtype` with chains in `style`: checks that the style changes
     nothing but an existence chain's reasoning before its answer step, and that the proxy would never
     send that reasoning to a detector; yields (scene, question, those sentences) for existence."""
-    from faithcore.kinds import classify_step
-    from faithcore.types import StepKind
+    from faithproxy.faithcore.kinds import classify_step
+    from faithproxy.faithcore.types import StepKind
 
     for i, scene in enumerate(fixed_scenes):
         question = make_question(scene, random.Random(i), qtype)
@@ -103,7 +103,7 @@ def _existence_steps(qtype, fixed_scenes, style):
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_spelled_out_chains_reason_existence_option_by_option_and_change_nothing_else(qtype, fixed_scenes):
-    from shapesworld.world import count_matching
+    from faithproxy.shapesworld.world import count_matching
 
     for scene, question, by_option in _existence_steps(qtype, fixed_scenes, BY_OPTION):
         assert len(by_option) == 4

@@ -1,11 +1,18 @@
 import random
 
-from shapesworld.chains import perception_sentences
-from shapesworld.claims import PERCEPTION, REASONING, check_chain, check_chain_image, check_claim, check_sentence
-from shapesworld.language import CountClaim, ObjectClaim, RelationClaim, render_claim
-from shapesworld.perturb import perturb_claim
-from shapesworld.scenes import generate_scene, render
-from shapesworld.world import COLOURS, SHAPES, Ref, count_matching
+from faithproxy.shapesworld.chains import perception_sentences
+from faithproxy.shapesworld.claims import (
+    PERCEPTION,
+    REASONING,
+    check_chain,
+    check_chain_image,
+    check_claim,
+    check_sentence,
+)
+from faithproxy.shapesworld.language import CountClaim, ObjectClaim, RelationClaim, render_claim
+from faithproxy.shapesworld.perturb import perturb_claim
+from faithproxy.shapesworld.scenes import generate_scene, render
+from faithproxy.shapesworld.world import COLOURS, SHAPES, Ref, count_matching
 
 
 def _true_claims(objects, rng):

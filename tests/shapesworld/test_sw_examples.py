@@ -1,11 +1,11 @@
 import random
 
-from detectors.self_check_prompt import build_self_check_prompt, parse_self_check
-from regenerators.prompts import build_regeneration_prompt, parse_bracketed
-from shapesworld.chains import hallucinated_chain, reference_chain
-from shapesworld.claims import check_chain
-from shapesworld.examples import regeneration_example, self_check_examples
-from shapesworld.questions import QTYPES, make_question
+from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
+from faithproxy.regenerators.prompts import build_regeneration_prompt, parse_bracketed
+from faithproxy.shapesworld.chains import hallucinated_chain, reference_chain
+from faithproxy.shapesworld.claims import check_chain
+from faithproxy.shapesworld.examples import regeneration_example, self_check_examples
+from faithproxy.shapesworld.questions import QTYPES, make_question
 
 
 def test_regeneration_examples_use_the_proxy_prompt_and_a_true_correction(fixed_scenes):

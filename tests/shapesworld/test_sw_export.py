@@ -1,9 +1,9 @@
 import hashlib
 import json
 
-from shapesworld.dataset import generate_items, main
-from shapesworld.export import write_chains_jsonl
-from shapesworld.scenes import png_bytes, render
+from faithproxy.shapesworld.dataset import generate_items, main
+from faithproxy.shapesworld.export import write_chains_jsonl
+from faithproxy.shapesworld.scenes import png_bytes, render
 
 FIELDS = {"id", "question", "image", "steps", "answer", "gold_answer"}
 

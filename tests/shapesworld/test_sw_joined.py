@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from shapesworld.chains import BY_OBJECT, BY_OPTION, reference_chain
-from shapesworld.claims import REASONING
-from shapesworld.dataset import generate_items
-from shapesworld.model.corpus import (
+from faithproxy.shapesworld.chains import BY_OBJECT, BY_OPTION, reference_chain
+from faithproxy.shapesworld.claims import REASONING
+from faithproxy.shapesworld.dataset import generate_items
+from faithproxy.shapesworld.model.corpus import (
     EXISTENCE,
     GENERATOR,
     JOINED_TOKENS,
@@ -19,9 +19,9 @@ from shapesworld.model.corpus import (
     stream,
     tokenizer_texts,
 )
-from shapesworld.model.scoring import score_reply
-from shapesworld.questions import LETTERS, QTYPES, ExistenceSpec, join_existence, make_question, solve
-from shapesworld.world import COLOURS, SHAPES
+from faithproxy.shapesworld.model.scoring import score_reply
+from faithproxy.shapesworld.questions import LETTERS, QTYPES, ExistenceSpec, join_existence, make_question, solve
+from faithproxy.shapesworld.world import COLOURS, SHAPES
 
 
 def existence_questions(fixed_scenes):
@@ -131,7 +131,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def smoke_tokenizer():
-    from shapesworld.model.corpus import shapesworld_tokenizer
+    from faithproxy.shapesworld.model.corpus import shapesworld_tokenizer
 
     return shapesworld_tokenizer(300)
 
@@ -139,7 +139,7 @@ def smoke_tokenizer():
 def test_joined_tokens_are_one_token_each_and_decode_to_the_same_text(smoke_tokenizer):
     import copy
 
-    from shapesworld.model.corpus import add_joined_tokens
+    from faithproxy.shapesworld.model.corpus import add_joined_tokens
 
     tok = copy.deepcopy(smoke_tokenizer)
     before = tok.get_vocab()
@@ -162,8 +162,8 @@ def test_joined_tokens_are_one_token_each_and_decode_to_the_same_text(smoke_toke
 def test_join_vocab_adds_rows_from_the_words_and_keeps_everything_else(smoke_tokenizer):
     import copy
 
-    from shapesworld.model import config as cfg
-    from shapesworld.model.joined_vocab import join_vocab
+    from faithproxy.shapesworld.model import config as cfg
+    from faithproxy.shapesworld.model.joined_vocab import join_vocab
 
     tok = copy.deepcopy(smoke_tokenizer)
     model = cfg.build_model(tok, cfg.SIZES["smoke"], seed=0)
@@ -201,7 +201,7 @@ def test_join_vocab_adds_rows_from_the_words_and_keeps_everything_else(smoke_tok
 
 
 def test_the_existence_lookup_drill_looks_up_joined_existence_options():
-    from shapesworld.model.corpus import LOOKUP, LOOKUP_EXISTENCE, drill_seed, lookup_stream
+    from faithproxy.shapesworld.model.corpus import LOOKUP, LOOKUP_EXISTENCE, drill_seed, lookup_stream
 
     drill = lookup_stream(drill_seed(0, LOOKUP_EXISTENCE), task=LOOKUP_EXISTENCE, qtypes=("existence",))
     samples = list(itertools.islice(drill, 6))

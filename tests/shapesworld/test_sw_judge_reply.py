@@ -1,11 +1,11 @@
 import random
 import re
 
-from shapesworld.chains import hallucinated_chain, reference_chain
-from shapesworld.judge_reply import describe, judge_reply
-from shapesworld.parser import parse_image
-from shapesworld.questions import QTYPES, make_question
-from shapesworld.scenes import generate_scene, render
+from faithproxy.shapesworld.chains import hallucinated_chain, reference_chain
+from faithproxy.shapesworld.judge_reply import describe, judge_reply
+from faithproxy.shapesworld.parser import parse_image
+from faithproxy.shapesworld.questions import QTYPES, make_question
+from faithproxy.shapesworld.scenes import generate_scene, render
 
 # scene (0, 1): a small yellow triangle in the top middle and a small green square in the top right
 CHAIN = [

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shapesworld.language import (
+from faithproxy.shapesworld.language import (
     RELATIONS,
     CountClaim,
     ObjectClaim,
@@ -11,7 +11,7 @@ from shapesworld.language import (
     parse_claim,
     render_claim,
 )
-from shapesworld.world import COLOURS, GRID, SHAPES, SIZES, Ref
+from faithproxy.shapesworld.world import COLOURS, GRID, SHAPES, SIZES, Ref
 
 _maybe = lambda values: st.one_of(st.none(), st.sampled_from(values))  # noqa: E731
 _index = st.integers(0, GRID - 1)

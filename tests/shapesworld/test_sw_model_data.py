@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from shapesworld.chains import hallucinated_chain, reference_chain
-from shapesworld.dataset import generate_items
-from shapesworld.model.corpus import (
+from faithproxy.shapesworld.chains import hallucinated_chain, reference_chain
+from faithproxy.shapesworld.dataset import generate_items
+from faithproxy.shapesworld.model.corpus import (
     ANSWER,
     EXISTENCE,
     GENERATOR,
@@ -28,8 +28,8 @@ from shapesworld.model.corpus import (
     tokenizer_texts,
     user_message,
 )
-from shapesworld.model.scoring import heldout_items, regeneration_ok, score_reply, self_check_ok, summarise
-from shapesworld.questions import QTYPES
+from faithproxy.shapesworld.model.scoring import heldout_items, regeneration_ok, score_reply, self_check_ok, summarise
+from faithproxy.shapesworld.questions import QTYPES
 
 
 def take(task: str, n: int, seed: int = 0):
@@ -45,7 +45,7 @@ def test_streams_are_deterministic_and_keep_their_task(task):
 
 
 def test_training_seeds_never_reach_the_heldout_validation_or_tokenizer_seed():
-    from shapesworld.model.corpus import (
+    from faithproxy.shapesworld.model.corpus import (
         _DRILL_SEED_BASE,
         MIN_TRAINING_SEED,
         TOKENIZER_SEED,
@@ -98,7 +98,7 @@ def test_answer_drill_is_reference_chains_of_its_own_items():
 
 
 def test_existence_drill_is_reference_chains_of_existence_questions_in_the_asked_style():
-    from shapesworld.chains import BY_OBJECT
+    from faithproxy.shapesworld.chains import BY_OBJECT
 
     items = list(generate_items(drill_seed(0, EXISTENCE), 8, qtypes=("existence",)))
     assert {item.question.qtype for item in items} == {"existence"}
@@ -129,7 +129,7 @@ def test_image_placeholder_renders_like_an_image_url():
     """Training renders a placeholder image part; vLLM's callers send an image_url: same prompt text."""
     jinja2 = pytest.importorskip("jinja2")
     pytest.importorskip("tokenizers")  # tinyvlm.tokenizer, which holds the template, needs it
-    from tinyvlm.tokenizer import CHAT_TEMPLATE
+    from faithproxy.tinyvlm.tokenizer import CHAT_TEMPLATE
 
     template = jinja2.Environment().from_string(CHAT_TEMPLATE)
     a = template.render(messages=[user_message("Q?")], add_generation_prompt=True)
@@ -189,7 +189,7 @@ def test_auxiliary_replies_are_checked_against_the_scene():
 
 def test_later_cycles_apply_only_after_their_step():
     pytest.importorskip("torch")
-    from shapesworld.model.train import RunConfig, task_of_step
+    from faithproxy.shapesworld.model.train import RunConfig, task_of_step
 
     before = [task_of_step(s, RunConfig()) for s in range(1, 41)]
     assert LETTERS not in before and before.count(GENERATOR) == 28
@@ -202,7 +202,7 @@ def test_later_cycles_apply_only_after_their_step():
 
 def test_cycle_option_is_checked():
     pytest.importorskip("torch")
-    from shapesworld.model.train import main
+    from faithproxy.shapesworld.model.train import main
 
     with pytest.raises(SystemExit):
         main(["--out", "unused", "--cycle", "12:GGQ"])

@@ -13,14 +13,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from shapesworld.model.corpus import JOINED_TOKENS  # noqa: E402 -- after the import skips
+from faithproxy.shapesworld.model.corpus import JOINED_TOKENS  # noqa: E402 -- after the import skips
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_train(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "shapesworld.model.train", "--out", str(out), "--smoke", *args],
+        [sys.executable, "-m", "faithproxy.shapesworld.model.train", "--out", str(out), "--smoke", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -57,9 +57,9 @@ def test_final_model_loads_and_generates_in_transformers(smoke_run: Path):
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from shapesworld.model.greedy import generate_one
-    from shapesworld.model.scoring import heldout_items
-    from shapesworld.scenes import render
+    from faithproxy.shapesworld.model.greedy import generate_one
+    from faithproxy.shapesworld.model.scoring import heldout_items
+    from faithproxy.shapesworld.scenes import render
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(smoke_run / "final", dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(smoke_run / "final")
@@ -84,7 +84,7 @@ def test_resuming_a_checkpoint_continues_the_same_run(smoke_run: Path, tmp_path:
 def test_reply_before_marks_each_rows_reply_up_to_the_token():
     import torch
 
-    from shapesworld.model.train import IGNORE, reply_before
+    from faithproxy.shapesworld.model.train import IGNORE, reply_before
 
     i = IGNORE
     labels = torch.tensor([[i, i, 5, 6, 9, 7, 9, i], [i, 5, 6, 7, 8, i, i, i], [i, i, i, 9, 4, i, i, i]])
@@ -99,8 +99,8 @@ def test_reply_before_marks_each_rows_reply_up_to_the_token():
 def test_token_weights_of_the_existence_drill_count_only_the_reasoning():
     """An E sample's perception sentences weigh 0, its reasoning 1 and its letters the letter weight;
     the same chain as a G sample weighs every token."""
-    from shapesworld.chains import BY_OBJECT
-    from shapesworld.model.corpus import EXISTENCE, drill_seed, existence_stream
+    from faithproxy.shapesworld.chains import BY_OBJECT
+    from faithproxy.shapesworld.model.corpus import EXISTENCE, drill_seed, existence_stream
 
     sample = next(existence_stream(drill_seed(0, EXISTENCE), existence=BY_OBJECT))
     w = drill_weights(EXISTENCE, sample)
@@ -123,9 +123,9 @@ def drill_weights(task: str, sample: Any) -> DrillWeights:
     """`token_weights` of one sample as `task` and as a G sample (letter weight 3, smoke tokenizer)."""
     import torch
 
-    from shapesworld.model.corpus import GENERATOR, shapesworld_tokenizer
-    from shapesworld.model.train import SMOKE, encode, option_letter_ids, token_weights
-    from tinyvlm import build
+    from faithproxy.shapesworld.model.corpus import GENERATOR, shapesworld_tokenizer
+    from faithproxy.shapesworld.model.train import SMOKE, encode, option_letter_ids, token_weights
+    from faithproxy.tinyvlm import build
 
     tokenizer = shapesworld_tokenizer(SMOKE.tokenizer_items)
     labels = encode(build.make_processor(tokenizer), [sample]).labels
@@ -145,9 +145,9 @@ def drill_weights(task: str, sample: Any) -> DrillWeights:
 def test_the_reasoning_drill_weighs_the_reasoning_of_reference_chains_of_every_type():
     """A W sample is the G chain of its item (same text, same reply), drawn from every question
     type; its perception sentences weigh 0, everything from the first "So" on counts."""
-    from shapesworld.dataset import generate_items
-    from shapesworld.model.corpus import REASONING, drill_seed, generator_sample, reasoning_stream
-    from shapesworld.questions import QTYPES
+    from faithproxy.shapesworld.dataset import generate_items
+    from faithproxy.shapesworld.model.corpus import REASONING, drill_seed, generator_sample, reasoning_stream
+    from faithproxy.shapesworld.questions import QTYPES
 
     samples = list(itertools.islice(reasoning_stream(drill_seed(0, REASONING)), 40))
     assert {s.task for s in samples} == {REASONING}
@@ -196,9 +196,9 @@ def test_grown_layers_start_as_the_identity_and_the_cache_still_fits(tmp_path: P
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from shapesworld.model import config as cfg
-    from shapesworld.model.corpus import shapesworld_tokenizer
-    from shapesworld.model.grow import grow
+    from faithproxy.shapesworld.model import config as cfg
+    from faithproxy.shapesworld.model.corpus import shapesworld_tokenizer
+    from faithproxy.shapesworld.model.grow import grow
 
     tokenizer = shapesworld_tokenizer(300)
     model = cfg.build_model(tokenizer, cfg.SIZES["smoke"], seed=0).eval()
@@ -222,9 +222,9 @@ def test_grown_layers_start_as_the_identity_and_the_cache_still_fits(tmp_path: P
 
 
 def test_grow_rejects_positions_outside_the_grown_stack():
-    from shapesworld.model import config as cfg
-    from shapesworld.model.corpus import shapesworld_tokenizer
-    from shapesworld.model.grow import grow, grown_positions
+    from faithproxy.shapesworld.model import config as cfg
+    from faithproxy.shapesworld.model.corpus import shapesworld_tokenizer
+    from faithproxy.shapesworld.model.grow import grow, grown_positions
 
     model = cfg.build_model(shapesworld_tokenizer(300), cfg.SIZES["smoke"], seed=0)
     with pytest.raises(ValueError, match="distinct indices below 2"):
@@ -299,7 +299,7 @@ def test_an_existence_switch_changes_only_the_chains_after_its_step_and_resumes_
 
 def test_the_two_existence_switches_exclude_each_other(tmp_path: Path):
     result = subprocess.run(
-        [sys.executable, "-m", "shapesworld.model.train", "--out", str(tmp_path / "run"), "--smoke"]
+        [sys.executable, "-m", "faithproxy.shapesworld.model.train", "--out", str(tmp_path / "run"), "--smoke"]
         + ["--spell-out-from", "1", "--by-object-from", "1"],
         cwd=REPO,
         capture_output=True,

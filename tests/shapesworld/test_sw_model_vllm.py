@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shapesworld.model import WEIGHTS_DIR
+from faithproxy.shapesworld.model import WEIGHTS_DIR
 
 pytestmark = [
     pytest.mark.integration,
@@ -23,7 +23,7 @@ N_PARITY = 10
 
 @pytest.fixture(scope="module")
 def heldout() -> list[Any]:
-    from shapesworld.model.scoring import heldout_items
+    from faithproxy.shapesworld.model.scoring import heldout_items
 
     return heldout_items(N_PARITY)
 
@@ -31,15 +31,15 @@ def heldout() -> list[Any]:
 @pytest.fixture(scope="module")
 def transformers_replies(heldout: list[Any]) -> list[str]:
     """Computed before vLLM starts, so that the two never share the CPU."""
-    from shapesworld.model.evaluate import transformers_replies as replies
+    from faithproxy.shapesworld.model.evaluate import transformers_replies as replies
 
     return replies(WEIGHTS_DIR, [(i.question.prompt, i.scene) for i in heldout], 160)
 
 
 @pytest.fixture(scope="module")
 def server(transformers_replies: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from shapesworld.model.evaluate import SERVED_NAME
-    from tinyvlm.serve import VLLMStartError, start_vllm
+    from faithproxy.shapesworld.model.evaluate import SERVED_NAME
+    from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
 
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     try:
@@ -52,7 +52,7 @@ def server(transformers_replies: list[str], tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="module")
 def client(server: Any) -> Any:
-    from shapesworld.model.evaluate import VLLMClient
+    from faithproxy.shapesworld.model.evaluate import VLLMClient
 
     return VLLMClient(server.openai_base_url, server.model, 160)
 
@@ -60,7 +60,7 @@ def client(server: Any) -> Any:
 def test_vllm_answers_with_well_formed_chains_identical_to_transformers(
     client: Any, heldout: list[Any], transformers_replies: list[str]
 ) -> None:
-    from shapesworld.model.scoring import score_reply
+    from faithproxy.shapesworld.model.scoring import score_reply
 
     replies = [client.reply(i.question.prompt, i.scene) for i in heldout]  # one at a time
     assert all(score_reply(i, r).well_formed for i, r in zip(heldout, replies, strict=True)), replies
@@ -71,7 +71,7 @@ async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth
     server: Any, client: Any, heldout: list[Any], tmp_path: Any
 ) -> None:
     """A small `faithproxy bench shapesworld` run: real vLLM, the proxy, the pixel judge over HTTP."""
-    from benchmarks.shapesworld_bench import chain_scores, draft_scores, labelled_record, run_all
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import chain_scores, draft_scores, labelled_record, run_all
 
     items = heldout[:5]
     raw = await run_all(server.base_url, items, ["judge"], 5, tmp_path, 3)
@@ -99,14 +99,14 @@ async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth
 async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any) -> None:
     """vLLM honours `n` and the per-try seeds: a sampled try gets n rewrites, the same ones each time,
     and the regenerator hands back neither the flagged sentence nor a rejected rewrite."""
-    from clients.vllm import VLLMClient, choice_texts
-    from detectors.base import ChainContext
-    from faithcore.types import Step, StepKind
-    from regenerators.prompts import build_regeneration_prompt
-    from regenerators.reflect import ReflectRegenerator
-    from shapesworld.dataset import generate_items
-    from shapesworld.model.corpus import HELDOUT_SEED, user_message
-    from shapesworld.model.evaluate import data_url
+    from faithproxy.clients.vllm import VLLMClient, choice_texts
+    from faithproxy.faithcore.context import ChainContext
+    from faithproxy.faithcore.types import Step, StepKind
+    from faithproxy.regenerators.prompts import build_regeneration_prompt
+    from faithproxy.regenerators.reflect import ReflectRegenerator
+    from faithproxy.shapesworld.dataset import generate_items
+    from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, user_message
+    from faithproxy.shapesworld.model.evaluate import data_url
 
     item = next(i for i in generate_items(HELDOUT_SEED, 20, hallucination_rate=1.0) if i.hallucination)
     chain = item.chain

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from shapesworld.model import WEIGHTS_DIR  # noqa: E402
+from faithproxy.shapesworld.model import WEIGHTS_DIR  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (WEIGHTS_DIR / "config.json").is_file(), reason="no committed weights")
 
@@ -31,9 +31,9 @@ def test_weights_are_small_and_documented():
 
 
 def test_answers_heldout_scenes_with_well_formed_chains(model_and_processor):
-    from shapesworld.model.greedy import generate_one
-    from shapesworld.model.scoring import heldout_items, score_reply
-    from shapesworld.scenes import render
+    from faithproxy.shapesworld.model.greedy import generate_one
+    from faithproxy.shapesworld.model.scoring import heldout_items, score_reply
+    from faithproxy.shapesworld.scenes import render
 
     model, processor = model_and_processor
     scores = [
@@ -47,9 +47,9 @@ def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill_and_lookup
     """The diagnostic behind the README's letter figures counts the letter tokens it means to."""
     import itertools
 
-    from shapesworld.model.corpus import HELDOUT_SEED, generator_sample, letters_stream, lookup_stream
-    from shapesworld.model.letter_lookup import letter_hits
-    from shapesworld.model.scoring import heldout_items
+    from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, generator_sample, letters_stream, lookup_stream
+    from faithproxy.shapesworld.model.letter_lookup import letter_hits
+    from faithproxy.shapesworld.model.scoring import heldout_items
 
     model, processor = model_and_processor
     chains = letter_hits(model, processor, [generator_sample(i) for i in heldout_items(3)])
@@ -64,7 +64,7 @@ def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill_and_lookup
 def test_existence_check_counts_what_it_reports(existence):
     """The diagnostic behind the README's existence figures: its counts add up, and a BY_OBJECT chain
     has object-sentence letters to score while a ONE_STEP chain has none."""
-    from shapesworld.model.existence_check import measure
+    from faithproxy.shapesworld.model.existence_check import measure
 
     result = measure(WEIGHTS_DIR, 3, existence)
     in_image, not_in_image = result["right_in_the_image"], result["right_not_in_the_image"]

@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from shapesworld.parser import parse_image
-from shapesworld.scenes import draw_shape, generate_scene, png_bytes, render
-from shapesworld.world import PALETTE, SHAPES
+from faithproxy.shapesworld.parser import parse_image
+from faithproxy.shapesworld.scenes import draw_shape, generate_scene, png_bytes, render
+from faithproxy.shapesworld.world import PALETTE, SHAPES
 
 
 def _recovered(scene, parsed) -> int:

@@ -11,18 +11,18 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.judge_server import PixelJudge, create_app, running_judge_server
-from clients.judges import JudgeConfig, build_judge
-from detectors.base import ChainContext
-from detectors.judge import JudgeDetector
-from detectors.judge_prompt import build_judge_prompt
-from faithcore.images import parse_image_url
-from faithcore.types import Faithfulness, Step, StepKind
-from shapesworld.chains import reference_chain
-from shapesworld.language import parse_claim, render_claim
-from shapesworld.perturb import perturb_claim
-from shapesworld.questions import make_question
-from shapesworld.scenes import generate_scene, png_bytes, render
+from faithproxy.benchmarks.standins.judge_server import PixelJudge, create_app, running_judge_server
+from faithproxy.clients.judges import JudgeConfig, build_judge
+from faithproxy.detectors.judge import JudgeDetector
+from faithproxy.detectors.judge_prompt import build_judge_prompt
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.images import parse_image_url
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind
+from faithproxy.shapesworld.chains import reference_chain
+from faithproxy.shapesworld.language import parse_claim, render_claim
+from faithproxy.shapesworld.perturb import perturb_claim
+from faithproxy.shapesworld.questions import make_question
+from faithproxy.shapesworld.scenes import generate_scene, png_bytes, render
 from tests.support import local_judge_config
 
 F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
@@ -96,11 +96,11 @@ async def test_the_pixel_judge_refuses_a_request_without_an_inline_image() -> No
 async def test_judge_upr_through_the_pixel_judge_reproduces_ground_truth(tmp_path: Any) -> None:
     """`faithproxy bench judge-upr` (whole-chain evaluation prompt) against the pixel judge: on chains
     with planted errors its labels, and so its UPR, are the ground truth's."""
-    from benchmarks.judge_upr import judge_upr
-    from benchmarks.labelled import read_chains
-    from benchmarks.metrics import upr
-    from shapesworld.chains import hallucinated_chain
-    from shapesworld.export import write_chains_jsonl
+    from faithproxy.benchmarks.evaluation.judge_upr import judge_upr
+    from faithproxy.benchmarks.evaluation.labelled import read_chains
+    from faithproxy.benchmarks.evaluation.metrics import upr
+    from faithproxy.shapesworld.chains import hallucinated_chain
+    from faithproxy.shapesworld.export import write_chains_jsonl
 
     records = []
     for i in range(12):

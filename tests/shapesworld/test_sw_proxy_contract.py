@@ -1,9 +1,9 @@
 """The world language must pass through the proxy's own step machinery unchanged: its segmenter must
 cut a chain into exactly our sentences, and its heuristic typer must type them as we label them."""
 
-from faithcore.kinds import classify_step
-from faithcore.segmenter import segment_text
-from shapesworld.dataset import generate_items
+from faithproxy.faithcore.kinds import classify_step
+from faithproxy.faithcore.segmenter import segment_text
+from faithproxy.shapesworld.dataset import generate_items
 
 
 def test_segmenter_and_typer_agree_with_the_chain_labels():

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from shapesworld.questions import (
+from faithproxy.shapesworld.questions import (
     LETTERS,
     QTYPES,
     AttributeSpec,
@@ -16,7 +16,7 @@ from shapesworld.questions import (
     make_question,
     solve,
 )
-from shapesworld.scenes import generate_scene
+from faithproxy.shapesworld.scenes import generate_scene
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -78,8 +78,8 @@ def test_unknown_type_is_refused():
 def test_scene_without_a_spatial_question_gets_a_clear_error_and_the_item_the_next_type():
     # Found by the training stream: two identical purple triangles and two identical red squares in a
     # 2x2 block; every relation has two objects and no object can be named without its position.
-    from shapesworld.dataset import generate_items
-    from shapesworld.questions import NoQuestionError
+    from faithproxy.shapesworld.dataset import generate_items
+    from faithproxy.shapesworld.questions import NoQuestionError
 
     seed, index = 500_000, 18_803
     scene = generate_scene(seed, index)

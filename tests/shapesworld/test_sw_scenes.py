@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shapesworld.scenes import DEFAULT_SIZE, MAX_OBJECTS, Scene, generate_scene, png_bytes, render
-from shapesworld.world import BACKGROUND, COLOURS, PALETTE, SHAPES, SIZES, cell_bounds, side_lengths
+from faithproxy.shapesworld.scenes import DEFAULT_SIZE, MAX_OBJECTS, Scene, generate_scene, png_bytes, render
+from faithproxy.shapesworld.world import BACKGROUND, COLOURS, PALETTE, SHAPES, SIZES, cell_bounds, side_lengths
 
 
 def _digest(scenes: list[Scene]) -> str:

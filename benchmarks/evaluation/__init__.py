@@ -1,0 +1,1 @@
+"""The offline evaluation users run: `faithproxy bench` and what it is built from."""

@@ -1,0 +1,93 @@
+"""Benchmark loaders and scorers, by name: `get("mmvp").load(data_dir)` / `.score(items, predictions)`.
+
+Every benchmark module has
+
+- `load(data_dir: Path, **options) -> list[Item]`: reads the benchmark's published files from a local
+  directory (no hub); `options` are the module's own settings (strings, from `--loader-arg k=v`);
+- `score(items, predictions) -> dict`: the benchmark's metrics. `predictions` maps item id to the
+  prediction record `bench run` writes (`{"id", "text", "reasoning", "error", ...}`) or to a plain reply
+  string. A missing prediction, or one with an error, counts as wrong. A ratio over an empty set is None;
+- `correct(item, prediction) -> bool | None`: whether one answer is right (None: cannot be told yet,
+  e.g. a free-form reply not judged); `bench run` records it on each chain it writes;
+- optionally `async judge(items, predictions, judge) -> dict[id, dict]`: calls a judge backend
+  (`clients.judges`) for what the metrics need beyond string matching; `bench run` merges the returned
+  fields into the prediction records before scoring.
+
+The registry is lazy (module paths, imported on first use) and suggests a name on a typo.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+DATASETS: dict[str, str] = {
+    "mmvp": "faithproxy.benchmarks.evaluation.datasets.mmvp",
+    "hallusionbench": "faithproxy.benchmarks.evaluation.datasets.hallusionbench",
+    "mmevalpro": "faithproxy.benchmarks.evaluation.datasets.mmevalpro",
+    "freak": "faithproxy.benchmarks.evaluation.datasets.freak",
+    "mmgcot": "faithproxy.benchmarks.evaluation.datasets.mmgcot",
+    "mirage": "faithproxy.benchmarks.evaluation.datasets.mirage",
+}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question as it is sent to the model.
+
+    `question` is the benchmark's own wording; `prompt` the whole text sent (question, options, the
+    setting's instruction); `answer` the gold answer in the form the scorer compares (a letter for
+    multiple choice); `extra` whatever else that benchmark's scorer needs (pairs, groups, boxes, ...).
+    """
+
+    id: str
+    question: str
+    prompt: str
+    answer: str
+    image: Path | None = None
+    options: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+Prediction = Mapping[str, Any] | str | None
+
+
+def get(name: str) -> ModuleType:
+    """The benchmark module registered as `name`; KeyError naming the known ones otherwise."""
+    key = name.strip().lower()
+    if key not in DATASETS:
+        hint = difflib.get_close_matches(key, list(DATASETS), n=1)
+        did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
+        raise KeyError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}.{did_you_mean}")
+    return importlib.import_module(DATASETS[key])
+
+
+def reply_text(prediction: Prediction) -> str | None:
+    """The whole reply to read an answer from: reasoning (as a `<think>` block) then content.
+
+    None for a missing prediction or one that failed.
+    """
+    if prediction is None or isinstance(prediction, str):
+        return prediction
+    if prediction.get("error"):
+        return None
+    content = prediction.get("text") or ""
+    reasoning = prediction.get("reasoning") or ""
+    return f"<think>{reasoning}</think>{content}" if reasoning else content
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    """numerator / denominator, or None over an empty set."""
+    return numerator / denominator if denominator else None
+
+
+def require_file(path: Path, what: str) -> Path:
+    """`path`, or FileNotFoundError saying which published file was expected there."""
+    if not path.exists():
+        raise FileNotFoundError(f"{what}: expected {path} (see the loader's docstring for the layout)")
+    return path

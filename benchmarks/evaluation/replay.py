@@ -1,0 +1,364 @@
+"""Offline replay: run any registered detector over recorded chains and score it against their labels.
+
+Each chain is checked the way the proxy checks a live one (server/session.py), minus regeneration:
+its steps, typed by the proxy's keyword typer (or by the gold kinds, `kinds="gold"`), go to the
+detector in batches of up to `batch` steps, with the steps already checked as `ctx.accepted`. A
+detector that stops at the first unfaithful step (the judge) marks the steps after it as not reached:
+replay keeps the flagged step as it is (nothing is rewritten offline) and asks again about the rest,
+so every step gets a verdict. Chains run concurrently, at most `concurrency` at a time; the steps of one
+chain run in order.
+
+Predictions are labelled chains (benchmarks/evaluation/labelled.py): the gold chain's fields, each step's kind as
+the detector left it, `faithful` from its verdict (null for reasoning steps and for steps it could not
+decide), `score` when the detector gives one, and the verdict's detector, reason and call latency as
+extra step fields. A failed detector call (any `FaithproxyError`: the judge or the generator failed)
+leaves its steps unlabelled and is counted; it never stops the replay.
+
+Images: a chain's `image` that names a readable file (absolute, or relative to `image_dir`) is sent as
+a data URL; a bare sha256 is looked up among the files of `image_dir` by content hash. A chain whose
+image cannot be found is judged without it, and counted (`images_missing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import mimetypes
+import re
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from faithproxy.benchmarks.evaluation.labelled import KINDS, LabelledChain, LabelledStep
+from faithproxy.benchmarks.evaluation.metrics import f1_by_position, step_f1, upr
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.registry import DETECTORS, DetectorDeps, build_detectors, resolve
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import BenchmarkError, DetectorError, FaithproxyError
+from faithproxy.faithcore.images import ImageRef, parse_image_url
+from faithproxy.faithcore.kinds import classify_step
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
+
+Kinds = Literal["heuristic", "gold"]
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_LABEL = {Faithfulness.FAITHFUL: True, Faithfulness.UNFAITHFUL: False, Faithfulness.UNKNOWN: None}
+
+
+class ReplayError(BenchmarkError):
+    """A replay that cannot start (unknown detector, missing judge or generator); the message says why."""
+
+
+def make_detector(
+    name: str, *, judges: Mapping[str, Any] | None = None, default_judge: str | None = None, **deps: Any
+) -> Detector:
+    """One detector from the registry, built the way the server builds it.
+
+    `judges` are handed over only to detectors that use them (judge, cascade); `deps` are further
+    `DetectorDeps` fields (a loaded `probe` and a `hidden` states client for probe and cascade).
+    """
+    entry = DETECTORS.get(name)
+    if entry is None:
+        try:
+            resolve(name)
+        except KeyError as exc:  # the registry's message, with its "did you mean"
+            raise ReplayError(str(exc.args[0])) from exc
+    assert entry is not None
+    if not entry.available:
+        raise ReplayError(f"detector {name!r} is planned but not built yet")
+    uses_judges = name in ("judge", "cascade")
+    built = build_detectors(
+        DetectorDeps(judges=dict(judges or {}) if uses_judges else {}, default_judge=default_judge, **deps)
+    )
+    if name not in built:
+        needs = ["a judge (--judges or FAITHPROXY_JUDGES)"] if uses_judges and not judges else []
+        if name in ("probe", "cascade"):
+            needs.append("a probe file and a hidden-states client")
+        raise ReplayError(f"detector {name!r} needs " + (" and ".join(needs) or "dependencies replay lacks"))
+    return built[name]
+
+
+class ImageResolver:
+    """Finds the bytes of a chain's image (a path, or a sha256 of a file under `image_dir`)."""
+
+    def __init__(self, image_dir: str | Path | None = None) -> None:
+        self.image_dir = Path(image_dir) if image_dir is not None else None
+        self._by_hash: dict[str, Path] | None = None
+        self._cache: dict[str, ImageRef | None] = {}
+
+    def _index(self) -> dict[str, Path]:
+        if self._by_hash is None:
+            self._by_hash = {}
+            if self.image_dir is not None and self.image_dir.is_dir():
+                for path in sorted(self.image_dir.rglob("*")):
+                    if path.is_file():
+                        self._by_hash[hashlib.sha256(path.read_bytes()).hexdigest()] = path
+        return self._by_hash
+
+    def _path_of(self, image: str) -> Path | None:
+        candidates = [Path(image)]
+        if self.image_dir is not None:
+            candidates.append(self.image_dir / image)
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate
+        if _SHA256.match(image):
+            return self._index().get(image)
+        return None
+
+    def resolve(self, image: str | None) -> ImageRef | None:
+        if image is None:
+            return None
+        if image not in self._cache:
+            path = self._path_of(image)
+            if path is None:
+                self._cache[image] = None
+            else:
+                media = mimetypes.guess_type(path.name)[0] or "image/png"
+                data = base64.b64encode(path.read_bytes()).decode()
+                self._cache[image] = parse_image_url(f"data:{media};base64,{data}")
+        return self._cache[image]
+
+
+@dataclass
+class ChainReplay:
+    """What replaying one chain produced and cost."""
+
+    prediction: LabelledChain
+    calls: int = 0
+    call_latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    image_missing: bool = False
+    generator_tokens: int = 0
+
+
+@dataclass
+class ReplayReport:
+    detector: str
+    judge: str | None
+    chains: int
+    steps: int
+    detector_calls: int
+    judge_calls: int | None  # calls the judge backend received (None: the detector has no judge)
+    judge_input_tokens: int | None
+    judge_output_tokens: int | None
+    generator_tokens: int  # tokens the generator spent on checks (the prompt detector)
+    latency_mean_s: float | None  # one detector call
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    detector_s_per_step: float | None  # time spent in detector calls / steps replayed
+    wall_s: float
+    errors: int
+    images_missing: int
+    upr_gold: float | None
+    upr_predicted: float | None
+    f1: dict[str, Any]  # benchmarks.metrics.F1Result.to_dict() against the input's labels
+    f1_by_position: dict[str, Any]  # the unfaithful class on steps i <= 2 and i > 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _messages(question: str, image: ImageRef | None) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = []
+    if image is not None:
+        content.append({"type": "image_url", "image_url": {"url": image.url}})
+    content.append({"type": "text", "text": question})
+    return [{"role": "user", "content": content}]
+
+
+def _steps_of(chain: LabelledChain, kinds: Kinds) -> list[Step]:
+    steps = []
+    for i, s in enumerate(chain.steps):
+        if kinds == "gold" and s.kind in KINDS:
+            kind = StepKind(s.kind)
+        else:
+            kind = classify_step(s.text)
+        steps.append(Step(index=i, text=s.text, raw=s.text, kind=kind))
+    return steps
+
+
+def _accepted_count(verdicts: Sequence[Verdict]) -> int:
+    """How many verdicts stand: all of them, except the not-reached ones after an unfaithful step."""
+    flagged = next((i for i, v in enumerate(verdicts) if v.unfaithful), None)
+    if flagged is None:
+        return len(verdicts)
+    for i in range(flagged + 1, len(verdicts)):
+        if verdicts[i].faithfulness is Faithfulness.UNKNOWN:
+            return i
+    return len(verdicts)
+
+
+def _predicted_step(step: Step, source: LabelledStep, latency: float | None, error: str | None) -> LabelledStep:
+    verdict = step.verdict
+    extra: dict[str, Any] = {}
+    faithful: bool | None = None
+    score: float | None = None
+    if verdict is not None:
+        if step.kind is StepKind.PERCEPTION:
+            faithful = _LABEL[verdict.faithfulness]
+        score = verdict.score
+        extra = {"verdict": verdict.faithfulness.value, "detector": verdict.detector, "reason": verdict.reason}
+    if latency is not None:
+        extra["latency_s"] = round(latency, 6)
+    if error is not None:
+        extra["error"] = error
+    return LabelledStep(source.text, step.kind.value, faithful, score, extra)
+
+
+async def replay_chain(
+    chain: LabelledChain,
+    detector: Detector,
+    *,
+    judge: str | None = None,
+    model: str | None = None,
+    generator: Any = None,
+    images: ImageResolver | None = None,
+    batch: int = 16,
+    kinds: Kinds = "heuristic",
+) -> ChainReplay:
+    """Every step of `chain` through `detector` (see the module docstring); a failed call is recorded, not raised."""
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    image = (images or ImageResolver()).resolve(chain.image)
+    ctx = ChainContext(
+        request_id=chain.id,
+        model=model or str(chain.extra.get("model") or "unknown"),
+        messages=_messages(chain.question, image),
+        question=chain.question,
+        images=[image] if image is not None else [],
+        generator=generator,
+        judge=judge,
+    )
+    steps = _steps_of(chain, kinds)
+    latency: dict[int, float] = {}
+    errors: dict[int, str] = {}
+    out = ChainReplay(LabelledChain(chain.id, chain.question, image=chain.image, answer=chain.answer,
+                                    gold_answer=chain.gold_answer))  # fmt: skip
+    out.image_missing = chain.image is not None and image is None
+    pos = 0
+    while pos < len(steps):
+        pending = steps[pos : pos + batch]
+        if not detector.types_steps and not any(s.kind is StepKind.PERCEPTION for s in pending):
+            ctx.accepted.extend(pending)  # the proxy would not call this detector for them either
+            pos += len(pending)
+            continue
+        started = time.perf_counter()
+        try:
+            verdicts = await detector.check(ctx, pending)
+            if len(verdicts) != len(pending):
+                raise DetectorError(f"{len(verdicts)} verdicts for {len(pending)} steps")
+        except FaithproxyError as exc:
+            elapsed = time.perf_counter() - started
+            out.calls += 1
+            out.call_latencies.append(elapsed)
+            out.errors.append(exc.message)
+            for step in pending:
+                latency[step.index], errors[step.index] = elapsed, exc.message
+            ctx.accepted.extend(pending)
+            pos += len(pending)
+            continue
+        elapsed = time.perf_counter() - started
+        out.calls += 1
+        out.call_latencies.append(elapsed)
+        keep = max(_accepted_count(verdicts), 1)
+        for step, verdict in zip(pending[:keep], verdicts[:keep], strict=True):
+            if verdict.kind is not None:
+                step.kind = verdict.kind
+            step.verdict = step.first_verdict = verdict
+            latency[step.index] = elapsed
+        ctx.accepted.extend(pending[:keep])
+        pos += keep
+    out.prediction.steps = [
+        _predicted_step(step, source, latency.get(step.index), errors.get(step.index))
+        for step, source in zip(steps, chain.steps, strict=True)
+    ]
+    out.prediction.extra = {"replay": {"detector": detector.name, "judge": judge, "calls": out.calls}}
+    out.generator_tokens = ctx.usage.prompt_tokens + ctx.usage.completion_tokens
+    return out
+
+
+def _judge_counters(detector: Detector) -> tuple[int, int, int] | None:
+    if not all(hasattr(detector, a) for a in ("calls", "input_tokens", "output_tokens")):
+        return None
+    return int(detector.calls), int(detector.input_tokens), int(detector.output_tokens)  # type: ignore[attr-defined]
+
+
+async def replay(
+    chains: Sequence[LabelledChain],
+    detector: Detector,
+    *,
+    judge: str | None = None,
+    model: str | None = None,
+    generator: Any = None,
+    image_dir: str | Path | None = None,
+    concurrency: int = 4,
+    batch: int = 16,
+    kinds: Kinds = "heuristic",
+    progress: bool = True,
+) -> tuple[list[LabelledChain], ReplayReport]:
+    """Predictions for `chains` (same order) and the report: cost, latency, and F1 against their labels."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    from tqdm.auto import tqdm
+
+    images = ImageResolver(image_dir)
+    before = _judge_counters(detector)
+    gate = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(chains), desc=f"replay {detector.name}", unit="chain", disable=not progress, leave=False)
+    started = time.perf_counter()
+
+    async def one(chain: LabelledChain) -> ChainReplay:
+        async with gate:
+            result = await replay_chain(
+                chain, detector, judge=judge, model=model, generator=generator, images=images, batch=batch,
+                kinds=kinds,
+            )  # fmt: skip
+        bar.update(1)
+        return result
+
+    try:
+        results = await asyncio.gather(*(one(c) for c in chains))
+    finally:
+        bar.close()
+    wall = time.perf_counter() - started
+    after = _judge_counters(detector)
+    latencies = [x for r in results for x in r.call_latencies]
+    predictions = [r.prediction for r in results]
+    counters = None if before is None or after is None else [a - b for a, b in zip(after, before, strict=True)]
+    report = ReplayReport(
+        detector=detector.name,
+        judge=judge,
+        chains=len(chains),
+        steps=sum(len(c.steps) for c in chains),
+        detector_calls=sum(r.calls for r in results),
+        judge_calls=counters[0] if counters else None,
+        judge_input_tokens=counters[1] if counters else None,
+        judge_output_tokens=counters[2] if counters else None,
+        generator_tokens=sum(r.generator_tokens for r in results),
+        latency_mean_s=statistics.fmean(latencies) if latencies else None,
+        latency_p50_s=_percentile(latencies, 0.5),
+        latency_p95_s=_percentile(latencies, 0.95),
+        detector_s_per_step=sum(latencies) / steps if (steps := sum(len(c.steps) for c in chains)) else None,
+        wall_s=wall,
+        errors=sum(len(r.errors) for r in results),
+        images_missing=sum(1 for r in results if r.image_missing),
+        upr_gold=upr(chains).upr,
+        upr_predicted=upr(predictions).upr,
+        f1=step_f1(chains, predictions).to_dict(),
+        f1_by_position=f1_by_position(chains, predictions),
+    )
+    return predictions, report

@@ -1,0 +1,1 @@
+"""Speed and load benchmarks: scripts that print figures (never timed test assertions)."""

@@ -1,0 +1,256 @@
+"""`faithproxy demo`: the whole system on one CPU machine, as a user would run it.
+
+Starts three real processes — vLLM on CPU serving a tiny reasoning VLM, a local judge speaking the
+Anthropic Messages API, and `faithproxy serve` — sends questions with an image through the openai
+SDK, prints each step as it is verified (and corrected), the UPR, and stops everything it started.
+
+Two worlds:
+- `shapesworld` (the default): the committed ShapesWorld model (shapesworld/model/weights) answers
+  held-out questions about scenes it has never seen and makes its own perception mistakes; the judge
+  reads the image's pixels (`faithproxy.benchmarks.standins.judge_server --shapesworld`). Each step is printed with the
+  ground truth next to the proxy's verdict, so what the proxy catches and misses is visible.
+- `fixture`: the tinyvlm fixture model with planted mistakes and an oracle judge (built first if
+  missing, a few minutes, seeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEMO_FIXTURES = ("red_circle", "green_circle", "blue_square")
+SHAPESWORLD_QUESTIONS = 5  # held-out items 0..4: one question of each type
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited with {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not become healthy in {timeout:.0f}s; see {log}")
+
+
+def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _print_stream(
+    client: Any, model: str, title: str, question: str, image_url: str, truth: Any = None
+) -> dict[str, Any]:
+    """Streams one question through the proxy and prints each verified step; `truth(sentence)` (if
+    given) returns True/False/None for what the sentence says about the image in fact."""
+    print(f"\n=== {title}: {question}")
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": question}],
+            }
+        ],
+        temperature=0.0,
+        max_tokens=200,
+        stream=True,
+        extra_headers={"X-Faithproxy-Mode": "correct", "X-Faithproxy-Detector": "judge"},
+    )
+    summary: dict[str, Any] = {}
+    for chunk in stream:
+        extra = (chunk.model_extra or {}).get("faithfulness") or {}
+        step = extra.get("step")
+        if step:
+            raw = chunk.choices[0].delta.content or ""
+            text = raw.replace("<think>", "").replace("</think>", "").strip()
+            if step["regenerated"]:
+                mark = f"FIXED after {step['attempts']} try(s) (was: {step['original_text'].strip()!r})"
+            elif step["residual"]:
+                mark = f"STILL UNFAITHFUL after {step['attempts']} tries" if step["attempts"] else "unchecked"
+            else:
+                mark = step["verdict"] if step["kind"] == "perception" else ""
+            fact = truth(text) if truth is not None else None
+            facts = "" if fact is None else ("  [truth: true]" if fact else "  [truth: FALSE]")
+            print(f"  [{step['index']}] {step['kind']:<10} {text:<52} {mark}{facts}", flush=True)
+        elif chunk.choices and chunk.choices[0].delta.content:
+            print(f"       {chunk.choices[0].delta.content.strip()!r}")
+        if "perception_steps" in extra:
+            summary = extra
+    print(
+        f"  perception steps {summary.get('perception_steps')}, detected UPR {summary.get('upr_detected', 0):.2f}, "
+        f"residual UPR {summary.get('upr_residual', 0):.2f}, regenerations {summary.get('regenerations')}"
+    )
+    return summary
+
+
+def _fixture_questions() -> list[tuple[str, str, str, Any]]:
+    from faithproxy.tinyvlm import fixture_spec as spec
+
+    return [(name, spec.get(name).question, spec.data_url(name), None) for name in DEMO_FIXTURES]
+
+
+def _shapesworld_questions(count: int) -> list[tuple[str, str, str, Any]]:
+    from faithproxy.shapesworld.claims import check_sentence
+    from faithproxy.shapesworld.model.evaluate import data_url
+    from faithproxy.shapesworld.model.scoring import heldout_items
+
+    def truth_of(objects: Any) -> Any:
+        return lambda sentence: check_sentence(sentence, objects).faithful
+
+    return [
+        (f"held-out {item.id} ({item.question.qtype})", item.question.prompt, data_url(item.scene),
+         truth_of(item.scene.objects))
+        for item in heldout_items(count)
+    ]  # fmt: skip
+
+
+def run_demo(
+    workdir: str = "var/demo", keep: bool = False, world: str = "shapesworld", questions: int = SHAPESWORLD_QUESTIONS
+) -> int:
+    from openai import OpenAI
+
+    from faithproxy.tinyvlm import fixture_spec as spec
+    from faithproxy.tinyvlm.serve import free_port, start_vllm
+
+    work = Path(workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    if world == "shapesworld":
+        from faithproxy.shapesworld.model import WEIGHTS_DIR
+
+        model_dir = WEIGHTS_DIR.resolve()
+        print(f"[demo] ShapesWorld model: {model_dir} (committed weights)", flush=True)
+        judge_args = ["--shapesworld"]
+        asked = _shapesworld_questions(questions)
+        # Try 1 of a regeneration is greedy; later tries sample (the model is trained for both).
+        proxy_env: dict[str, str] = {}
+    else:
+        model_dir = Path(os.environ.get("FAITHPROXY_FIXTURE_MODEL_DIR", "var/models/fixture-vlm")).resolve()
+        print(f"[demo] fixture model: {model_dir} (built if missing or stale)", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "faithproxy.tinyvlm.train_fixture", "--out", str(model_dir), "--if-stale"],
+            check=True,
+        )
+        oracle = work / "oracle.json"
+        oracle.write_text(json.dumps(spec.oracle_json()))
+        judge_args = ["--oracle", str(oracle)]
+        asked = _fixture_questions()
+        proxy_env = {"FAITHPROXY_REGENERATION_TEMPERATURE": "0"}  # the fixture model's fixes are greedy
+    started: list[Any] = []
+    try:
+        print("[demo] starting vLLM on CPU ...", flush=True)
+        vllm = start_vllm(model_dir, log_path=work / "vllm.log")
+        started.append(vllm)
+        judge_port, proxy_port = free_port(), free_port()
+        judge = _start(
+            [
+                sys.executable,
+                "-m",
+                "faithproxy.benchmarks.standins.judge_server",
+                "--port",
+                str(judge_port),
+                *judge_args,
+            ],
+            work / "judge.log",
+        )
+        started.append(judge)
+        judges = [
+            {
+                "name": "local",
+                "backend": "anthropic",
+                "model": "local-judge",
+                "base_url": f"http://127.0.0.1:{judge_port}",
+                "api_key": "local",
+            }
+        ]
+        proxy = _start(
+            [
+                sys.executable,
+                "-m",
+                "faithproxy.cli",
+                "serve",
+                "--upstream",
+                vllm.base_url,
+                "--port",
+                str(proxy_port),
+                "--traces",
+                str(work / "traces.jsonl"),
+                "--log-level",
+                "warning",
+            ],
+            work / "proxy.log",
+            env={"FAITHPROXY_JUDGES": json.dumps(judges), **proxy_env},
+        )
+        started.append(proxy)
+        _wait_healthy(f"http://127.0.0.1:{judge_port}/_stats", judge, 60, work / "judge.log")
+        _wait_healthy(f"http://127.0.0.1:{proxy_port}/readyz", proxy, 60, work / "proxy.log")
+        print(f"[demo] vLLM {vllm.base_url}  judge :{judge_port}  faithproxy http://127.0.0.1:{proxy_port}/v1")
+        client = OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="demo")
+        totals = {"perception_steps": 0, "unfaithful_detected": 0, "residual": 0}
+        for title, question, image_url, truth in asked:
+            summary = _print_stream(client, vllm.model, title, question, image_url, truth)
+            for key in totals:
+                totals[key] += int(summary.get(key, 0))
+        n = totals["perception_steps"] or 1
+        print(
+            f"\n[demo] over {len(asked)} chains: {totals['perception_steps']} perception steps, "
+            f"detected UPR {totals['unfaithful_detected'] / n:.3f}, residual UPR {totals['residual'] / n:.3f}"
+        )
+        print(f"[demo] traces: {work / 'traces.jsonl'}; metrics: http://127.0.0.1:{proxy_port}/metrics")
+        if keep:
+            print("[demo] servers left running; Ctrl-C stops them")
+            while True:
+                time.sleep(3600)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for process in reversed(started):
+            if hasattr(process, "stop"):
+                process.stop()
+            else:
+                _stop(process)
+
+
+def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds `demo` to the `faithproxy` command's subparsers."""
+    demo = sub.add_parser("demo", help="real vLLM on CPU + local judge + proxy, a few questions, printed live")
+    demo.add_argument("--workdir", default="var/demo", help="where models, logs and traces go")
+    demo.add_argument("--keep", action="store_true", help="leave the servers running (Ctrl-C stops them)")
+    demo.add_argument(
+        "--world",
+        choices=["shapesworld", "fixture"],
+        default="shapesworld",
+        help="shapesworld: the committed model's own mistakes, pixel judge; fixture: planted mistakes, oracle",
+    )
+    demo.add_argument("--questions", type=int, default=5, help="shapesworld: how many held-out questions")
+    demo.set_defaults(
+        func=lambda args: run_demo(workdir=args.workdir, keep=args.keep, world=args.world, questions=args.questions)
+    )

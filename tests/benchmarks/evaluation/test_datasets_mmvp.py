@@ -1,0 +1,95 @@
+"""MMVP loader and pair accuracy on a fixture in the release's layout (Questions.csv + MMVP Images/)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from faithproxy.benchmarks.evaluation import datasets
+from faithproxy.benchmarks.evaluation.datasets import mmvp
+
+ROWS = [  # index, question, options, correct answer
+    ("1", "Is the door open or closed?", "(a) Open (b) Closed", "(a)"),
+    ("2", "Is the door open or closed?", "(a) Open (b) Closed", "(b)"),
+    ("3", "Is the dog facing left or right?", "(a) Left (b) Right", "(a)"),
+    ("4", "Is the dog facing left or right?", "(a) Left (b) Right", "(b)"),
+    ("5", "Are there two cups?", "(a) Yes (b) No", "(b)"),
+    ("6", "Are there two cups?", "(a) Yes (b) No", "(a)"),
+]
+
+
+def write_mmvp(root: Path, rows=ROWS, index_header: str = "lndex") -> Path:
+    (root / "MMVP Images").mkdir(parents=True)
+    with (root / "Questions.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([index_header, "Question", "Options", "Correct Answer"])
+        writer.writerows(rows)
+    for index, *_ in rows:
+        Image.new("RGB", (8, 8), (int(index) * 30, 0, 0)).save(root / "MMVP Images" / f"{index}.jpg")
+    return root
+
+
+def test_loads_the_release_layout(tmp_path: Path) -> None:
+    items = datasets.get("MMVP").load(write_mmvp(tmp_path))
+    assert [i.id for i in items] == [f"mmvp-{n}" for n in range(1, 7)]
+    first = items[0]
+    assert first.options == ("Open", "Closed") and first.answer == "A" and items[1].answer == "B"
+    assert first.prompt == "Is the door open or closed? Options: A. Open B. Closed"
+    assert first.image == tmp_path / "MMVP Images" / "1.jpg" and first.image.exists()
+    assert [i.extra["pair"] for i in items] == [0, 0, 1, 1, 2, 2]
+
+
+def test_plain_index_header_and_instruction(tmp_path: Path) -> None:
+    items = mmvp.load(write_mmvp(tmp_path, index_header="Index"), instruction="Answer with a letter.")
+    assert items[5].id == "mmvp-6"
+    assert items[5].prompt == "Are there two cups? Options: A. Yes B. No Answer with a letter."
+
+
+PREDICTIONS = {
+    "mmvp-1": {"id": "mmvp-1", "text": r"\boxed{A}"},
+    "mmvp-2": {"id": "mmvp-2", "text": "The answer is (b)", "reasoning": "It looks shut, so A is wrong."},
+    "mmvp-3": {"id": "mmvp-3", "text": "Right."},  # option text: B, wrong
+    "mmvp-4": "B",
+    "mmvp-5": {"id": "mmvp-5", "text": "I cannot tell."},  # unparseable
+    # mmvp-6 missing
+}
+
+
+def test_pair_accuracy_needs_both_questions(tmp_path: Path) -> None:
+    items = mmvp.load(write_mmvp(tmp_path))
+    scores = mmvp.score(items, PREDICTIONS)
+    assert scores == {
+        "questions": 6,
+        "accuracy": pytest.approx(3 / 6),
+        "pairs": 3,
+        "pair_accuracy": pytest.approx(1 / 3),
+        "incomplete_pairs": 0,
+        "unparsed": 2,
+    }
+    assert [mmvp.correct(i, PREDICTIONS.get(i.id)) for i in items] == [True, True, False, True, False, False]
+
+
+def test_errors_count_wrong_and_incomplete_pairs_are_left_out(tmp_path: Path) -> None:
+    items = mmvp.load(write_mmvp(tmp_path))[:3]
+    predictions = {**PREDICTIONS, "mmvp-2": {"id": "mmvp-2", "text": "B", "error": "timeout"}}
+    scores = mmvp.score(items, predictions)
+    assert scores["accuracy"] == pytest.approx(1 / 3)
+    assert (scores["pairs"], scores["pair_accuracy"], scores["incomplete_pairs"]) == (1, 0.0, 1)
+
+
+def test_empty_run() -> None:
+    scores = mmvp.score([], {})
+    assert scores["accuracy"] is None and scores["pair_accuracy"] is None and scores["pairs"] == 0
+
+
+def test_registry_suggests_a_name() -> None:
+    with pytest.raises(KeyError, match="Did you mean 'mmvp'"):
+        datasets.get("mmpv")
+
+
+def test_missing_file_names_the_layout(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="Questions.csv"):
+        mmvp.load(tmp_path)

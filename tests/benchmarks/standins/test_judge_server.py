@@ -1,0 +1,190 @@
+"""The local judge server: its oracle, both wire protocols, stats, control and its command line."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from faithproxy.benchmarks.standins.judge_server import Oracle, create_app, running_judge_server
+from faithproxy.detectors.judge_prompt import build_judge_prompt, parse_judge_reply
+from faithproxy.faithcore.types import StepKind
+
+ROOT = Path(__file__).resolve().parents[2]
+ORACLE = {"unfaithful": ["The cat is green."], "reasoning": ["The cat is likely hungry."], "description": "A cat."}
+CHAIN = ["A cat sits on a mat.", "The cat is green.", "The cat is likely hungry.", "So the answer is B."]
+PROMPT = build_judge_prompt("What colour is the cat?", CHAIN)
+
+
+def anthropic_body(text: str) -> dict[str, object]:
+    return {
+        "model": "claude-test",
+        "max_tokens": 256,
+        "system": "judge",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "url", "url": "https://example.com/c.png"}},
+                    {"type": "text", "text": text},
+                ],
+            }
+        ],
+    }
+
+
+def openai_body(text: str) -> dict[str, object]:
+    return {
+        "model": "qwen-test",
+        "messages": [
+            {"role": "system", "content": "judge"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "text", "text": text},
+                ],
+            },
+        ],
+    }
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(ORACLE)
+    async with running_judge_server(app) as url, httpx.AsyncClient(base_url=url, timeout=5) as http:
+        yield http
+
+
+def test_oracle_typing_and_reply() -> None:
+    oracle = Oracle.from_mapping(ORACLE)
+    assert oracle.is_unfaithful('  "the cat is GREEN" ')
+    kinds = [oracle.kind(s) for s in CHAIN]
+    assert kinds == [StepKind.PERCEPTION, StepKind.PERCEPTION, StepKind.REASONING, StepKind.REASONING]
+    assert oracle.kind("3 + 4 = 7 apples in total.") is StepKind.REASONING
+    reply = parse_judge_reply(oracle.reply(CHAIN), CHAIN)
+    assert reply.first_unfaithful == 1 and reply.description == "A cat."
+    assert reply.kinds == dict(enumerate(kinds))
+    assert parse_judge_reply(oracle.reply(CHAIN, already_checked=2), CHAIN).first_unfaithful is None
+    assert parse_judge_reply(Oracle().reply(CHAIN), CHAIN).first_unfaithful is None
+
+
+def test_oracle_file(tmp_path: Path) -> None:
+    path = tmp_path / "oracle.json"
+    path.write_text(json.dumps(ORACLE), encoding="utf-8")
+    assert Oracle.load(path) == Oracle.from_mapping(ORACLE)
+    assert create_app(str(path)).state.judge.oracle == Oracle.from_mapping(ORACLE)
+
+
+async def test_anthropic_wire_format(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/messages", json=anthropic_body(PROMPT))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["type"] == "message" and body["role"] == "assistant" and body["model"] == "claude-test"
+    assert body["stop_reason"] == "end_turn" and body["id"].startswith("msg_")
+    assert set(body["usage"]) == {"input_tokens", "output_tokens"}
+    assert parse_judge_reply(body["content"][0]["text"], CHAIN).first_unfaithful == 1
+
+
+async def test_openai_wire_format(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/chat/completions", json=openai_body(PROMPT))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["model"] == "qwen-test"
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["role"] == "assistant"
+    assert parse_judge_reply(choice["message"]["content"], CHAIN).first_unfaithful == 1
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+
+
+async def test_stats_count_requests_and_judged_sentences(client: httpx.AsyncClient) -> None:
+    await client.post("/v1/messages", json=anthropic_body(PROMPT))
+    await client.post("/v1/chat/completions", json=openai_body(build_judge_prompt("q", CHAIN, already_checked=3)))
+    stats = (await client.get("/_stats")).json()
+    assert stats["requests"] == 2 and stats["sentences_judged"] == 4 + 1
+    assert stats["by_protocol"] == {"anthropic": 1, "openai": 1}
+    assert stats["last_request"]["images"] == [{"source": "data"}]
+    assert stats["last_request"]["already_checked"] == 3
+    await client.post("/_control", json={"reset_stats": True})
+    assert (await client.get("/_stats")).json()["requests"] == 0
+
+
+async def test_errors_use_each_protocols_format(client: httpx.AsyncClient) -> None:
+    await client.post("/_control", json={"mode": "429"})
+    anthropic = await client.post("/v1/messages", json=anthropic_body(PROMPT))
+    assert anthropic.status_code == 429 and anthropic.json()["error"]["type"] == "rate_limit_error"
+    await client.post("/_control", json={"mode": "500"})
+    openai = await client.post("/v1/chat/completions", json=openai_body(PROMPT))
+    assert openai.status_code == 500 and "message" in openai.json()["error"]
+
+
+async def test_not_a_judge_prompt_is_a_400(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/chat/completions", json=openai_body("hello"))
+    assert response.status_code == 400
+
+
+async def test_control_validates(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/_control", json={"mode": "explode"})).status_code == 422
+    assert (await client.post("/_control", json={"latency_s": -1})).status_code == 422
+
+
+async def test_hang_is_released_when_the_server_stops() -> None:
+    app = create_app(ORACLE)
+    app.state.judge.mode = "hang"
+    started = time.perf_counter()
+    async with running_judge_server(app) as url, httpx.AsyncClient(base_url=url) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/v1/messages", json=anthropic_body(PROMPT), timeout=0.2)
+    assert time.perf_counter() - started < 30  # a bound, not a benchmark: shutdown must not wait 300 s
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_command_line(tmp_path: Path) -> None:
+    oracle = tmp_path / "oracle.json"
+    oracle.write_text(json.dumps(ORACLE), encoding="utf-8")
+    port = _free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "faithproxy.benchmarks.standins.judge_server",
+        "--port",
+        str(port),
+        "--oracle",
+        str(oracle),
+    ]
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen([*command, "--latency-s", "0.01"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/_stats", timeout=1)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, (tmp_path / "server.log").read_text()
+                assert time.monotonic() < deadline, "judge server did not start"
+                time.sleep(0.1)
+        reply = httpx.post(f"{url}/v1/chat/completions", json=openai_body(PROMPT), timeout=5).json()
+        assert "[Faithfulness]: UNFAITHFUL" in reply["choices"][0]["message"]["content"]
+        assert httpx.get(f"{url}/_stats", timeout=5).json()["requests"] == 1
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
