@@ -42,6 +42,14 @@ CASCADE_STAGES = ("probe", "judge")
 HINT_OUTCOMES = ("applied", "unusable", "error")
 DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
 
+
+
+def detector_error_label(exc: Exception) -> str:
+    """The `reason` label of faithproxy_detector_errors_total for a detector failure."""
+    code = getattr(exc, "code", None)
+    return code if code in DETECTOR_ERRORS else "other"
+
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 

@@ -28,7 +28,7 @@ from faithproxy.faithcore.context import ChainContext
 from faithproxy.faithcore.errors import DetectorError, FaithproxyError, RegenerationError
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
 from faithproxy.regenerators.base import Regenerator
-from faithproxy.server.metrics import DETECTOR_ERRORS, Metrics
+from faithproxy.server.metrics import Metrics, detector_error_label
 from faithproxy.server.policy import RequestPolicy
 from faithproxy.server.reader import ExtraDelta, Item, RoundEnd, RoundFailed, RoundReader, TextDelta, TrailingRaw
 from faithproxy.server.settings import Settings
@@ -305,7 +305,7 @@ class ChainSession:
             if len(verdicts) != len(steps):
                 raise DetectorError(f"detector {name} returned {len(verdicts)} verdicts for {len(steps)} steps")
         except DetectorError as exc:
-            self.metrics.detector_errors.labels(name, _detector_reason(exc)).inc()
+            self.metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
             if self.policy.on_detector_error == "fail":
                 raise
             for step in steps:
@@ -457,10 +457,6 @@ def _leading(raw: str, text: str) -> str:
     """The whitespace/tags before a step's text inside its raw span."""
     at = raw.rfind(text)
     return raw[:at] if at >= 0 else raw[: len(raw) - len(raw.lstrip())]
-
-
-def _detector_reason(exc: DetectorError) -> str:
-    return exc.code if exc.code in DETECTOR_ERRORS else "other"
 
 
 def _as_faithproxy_error(exc: BaseException) -> FaithproxyError:
