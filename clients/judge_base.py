@@ -13,10 +13,13 @@ log record or an error message.
 from __future__ import annotations
 
 import abc
+import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from types import ModuleType
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -125,6 +128,13 @@ class SdkErrorClasses:
     status: type[Exception]
     validation: type[Exception]
 
+    @classmethod
+    def of(cls, sdk: ModuleType, base: type[Exception]) -> SdkErrorClasses:
+        """The classes of `sdk`: both SDKs are generated alike and name them the same, but their base."""
+        return cls(
+            base, sdk.APITimeoutError, sdk.APIConnectionError, sdk.APIStatusError, sdk.APIResponseValidationError
+        )
+
 
 def map_sdk_error(name: str, exc: Exception, classes: SdkErrorClasses) -> DetectorError:
     """The `DetectorError` for an SDK failure; the message names the class and status, never a key."""
@@ -139,3 +149,52 @@ def map_sdk_error(name: str, exc: Exception, classes: SdkErrorClasses) -> Detect
     if isinstance(exc, classes.validation | ValueError | KeyError | TypeError | AttributeError | IndexError):
         return judge_error(name, "bad_response", kind)
     return judge_error(name, "sdk_error", kind)
+
+
+class SdkJudge(JudgeBackend):
+    """A backend over one vendor SDK's async client. What differs between SDKs is how one turn is sent
+    (`_send`) and how the reply is read (`_read`); timing, error mapping and the empty-reply check are
+    the same for all, so they live here once.
+    """
+
+    client_class: ClassVar[type[Any]]  # the SDK's async client; both take the same four arguments
+    errors: ClassVar[SdkErrorClasses]
+
+    def __init__(self, config: JudgeConfig) -> None:
+        super().__init__(config)
+        self._client = self.client_class(
+            api_key=config.resolved_api_key(),
+            base_url=config.base_url,
+            timeout=config.timeout_s,
+            max_retries=config.max_retries,
+        )
+
+    @abc.abstractmethod
+    async def _send(self, system: str, user: str, images: Sequence[ImageRef]) -> Any:
+        """The SDK's reply object to one turn."""
+
+    @abc.abstractmethod
+    def _read(self, reply: Any) -> tuple[str, int, int]:
+        """(text, input tokens, output tokens) of a reply; raises when the reply has the wrong shape."""
+
+    async def complete(self, system: str, user: str, images: Sequence[ImageRef] = ()) -> JudgeResult:
+        started = time.perf_counter()
+        try:
+            reply = await self._send(system, user, images)
+        except (self.errors.base, json.JSONDecodeError) as exc:  # the SDKs let a non-JSON body through
+            raise map_sdk_error(self.name, exc, self.errors) from exc
+        try:  # the SDKs do not validate bodies: a reply of the wrong shape fails here
+            text, input_tokens, output_tokens = self._read(reply)
+        except (AttributeError, TypeError, ValueError, IndexError) as exc:
+            raise map_sdk_error(self.name, exc, self.errors) from exc
+        if not text.strip():
+            raise judge_error(self.name, "empty_reply", "the reply has no text")
+        return JudgeResult(text, input_tokens, output_tokens, time.perf_counter() - started)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def usage_tokens(usage: Any, field: str) -> int:
+    """A token count from an SDK usage record; a missing record or field counts 0."""
+    return int(getattr(usage, field, 0) or 0)
