@@ -44,7 +44,7 @@ def test_answers_heldout_scenes_with_well_formed_chains(model_and_processor):
 
 
 def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill_and_lookup(model_and_processor):
-    """The diagnostic behind the README's letter figures counts the letter tokens it means to."""
+    """The diagnostic behind shapesworld/README.md's letter figures counts the letter tokens it means to."""
     import itertools
 
     from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, generator_sample, letters_stream, lookup_stream
@@ -62,7 +62,7 @@ def test_letter_lookup_reads_two_letters_per_chain_and_four_per_drill_and_lookup
 
 @pytest.mark.parametrize("existence", ["one-step", "by-object"])
 def test_existence_check_counts_what_it_reports(existence):
-    """The diagnostic behind the README's existence figures: its counts add up, and a BY_OBJECT chain
+    """The diagnostic behind shapesworld/README.md's existence figures: its counts add up, and a BY_OBJECT chain
     has object-sentence letters to score while a ONE_STEP chain has none."""
     from faithproxy.shapesworld.model.existence_check import measure
 

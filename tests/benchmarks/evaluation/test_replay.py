@@ -222,5 +222,5 @@ async def test_judge_replay_with_the_shapesworld_pixel_judge(tmp_path: Path) -> 
         last = app.state.judge.last_request
     assert report.errors == 0 and report.images_missing == 0 and last["images"]
     assert report.f1["unfaithful"]["support"] == sum(c.unfaithful_steps for c in gold) > 0
-    # the pixel judge reads these scenes exactly (on 40 held-out chains too: README, Offline benchmarking)
+    # the pixel judge reads these scenes exactly (on 40 held-out chains too: docs/offline-evaluation.md)
     assert report.f1["f1"] == 1.0 and report.f1["faithful"]["f1"] == 1.0
