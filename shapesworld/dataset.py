@@ -4,7 +4,7 @@ Item i of a seed is a pure function of (seed, i, size, qtypes, hallucination_rat
 cycle so that every type is equally frequent, and each item has its own random stream, so item 500 is
 the same whether 10 or 10,000 items are generated.
 
-    python3 -m shapesworld.dataset --seed 0 --count 1000 --out var/sw/chains.jsonl \\
+    python3 -m faithproxy.shapesworld.dataset --seed 0 --count 1000 --out var/sw/chains.jsonl \\
         --images var/sw/images --hallucination-rate 0.3 --examples var/sw/examples.jsonl
 """
 

@@ -1,6 +1,6 @@
 """ShapesWorld end to end: held-out scenes through real vLLM, vanilla against faithproxy per detector.
 
-    python -m benchmarks.shapesworld_bench --n 100 --detectors judge,prompt \
+    python -m faithproxy.benchmarks.evaluation.shapesworld_bench --n 100 --detectors judge,prompt \
         --out benchmarks/results/shapesworld.json
     faithproxy bench shapesworld --n 100 --detectors judge,prompt --out benchmarks/results/shapesworld.json
 
@@ -397,7 +397,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`faithproxy bench shapesworld` (benchmarks/evaluation/cli.py) and `python -m benchmarks.shapesworld_bench`."""
+    """`faithproxy bench shapesworld` (benchmarks/evaluation/cli.py) and
+    `python -m faithproxy.benchmarks.evaluation.shapesworld_bench`."""
     if args.n < 1:
         raise SystemExit("--n must be at least 1")
     detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
@@ -455,6 +456,8 @@ _OPTIONS = (
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="python -m benchmarks.shapesworld_bench", description=__doc__.split("\n\n")[0])
+    cli = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.evaluation.shapesworld_bench", description=__doc__.split("\n\n")[0]
+    )
     add_arguments(cli)
     sys.exit(main(cli.parse_args()))

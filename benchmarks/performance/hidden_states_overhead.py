@@ -1,7 +1,8 @@
 """What hidden-state capture costs vLLM: tokens/s of the same requests with and without it.
 
-    python -m benchmarks.hidden_states_overhead --model-dir var/models/fixture-vlm --requests 40
-    python -m benchmarks.hidden_states_overhead --model-dir shapesworld/model/weights --data shapesworld
+    python -m faithproxy.benchmarks.performance.hidden_states_overhead --model-dir var/models/fixture-vlm --requests 40
+    python -m faithproxy.benchmarks.performance.hidden_states_overhead --model-dir shapesworld/model/weights \\
+        --data shapesworld
 
 Starts one vLLM per configuration (CPU flags of tinyvlm/serve.py, float32), warms them up, then runs
 `--rounds` rounds; each round sends the same greedy chat requests (each with its image) to every
@@ -121,7 +122,9 @@ async def run_pooling(base_url: str, bodies: list[dict[str, Any]], replies: list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.hidden_states_overhead", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.performance.hidden_states_overhead", description=__doc__
+    )
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--data", choices=("fixture", "shapesworld"), default="fixture")
     parser.add_argument("--requests", type=int, default=20, help="requests per load, per round")

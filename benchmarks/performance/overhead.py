@@ -1,7 +1,8 @@
 """Proxy overhead and load: the upstream reached directly vs faithproxy (off mode, no detector) vs
 LiteLLM's proxy, all in front of the same fast local upstream, measured in one run.
 
-    python -m benchmarks.overhead [--requests 300 --concurrency 32 --streams 1000 --json out.json]
+    python -m faithproxy.benchmarks.performance.overhead [--requests 300 --concurrency 32 --streams 1000 \\
+        --json out.json]
 
 Phases, each interleaved over the targets (round-robin, the order rotating every round, so drift on
 a shared machine hits every target alike):
@@ -495,7 +496,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.performance.overhead", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--requests", type=int, default=300, help="latency rounds (each: every target, both kinds)")
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per answer in phases 1-2")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight in the throughput phase")

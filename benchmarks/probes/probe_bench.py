@@ -1,12 +1,13 @@
 """Probe, judge, prompt and cascade on labelled chains, with features from real vLLM (route 1).
 
     # 1. chains + hidden-state features + judge and self-check verdicts, from a vLLM it starts itself
-    python -m benchmarks.probe_bench collect --model-dir shapesworld/model/weights --data shapesworld \\
+    python -m faithproxy.benchmarks.probes.probe_bench collect --model-dir shapesworld/model/weights \\
+        --data shapesworld \\
         --n 300 --out var/probe/sw-features.jsonl
-    python -m benchmarks.probe_bench collect --model-dir var/models/fixture-vlm --data fixture \\
+    python -m faithproxy.benchmarks.probes.probe_bench collect --model-dir var/models/fixture-vlm --data fixture \\
         --out var/probe/fixture-features.jsonl
     # 2. train a probe on a chain split and compare the detectors on the held-out chains
-    python -m benchmarks.probe_bench compare --traces var/probe/sw-features.jsonl --labels judge
+    python -m faithproxy.benchmarks.probes.probe_bench compare --traces var/probe/sw-features.jsonl --labels judge
 
 Data sets:
 - `shapesworld`: the model's OWN greedy chains for held-out ShapesWorld items (`shapesworld.model.scoring
@@ -347,7 +348,9 @@ def _pair(text: str) -> tuple[float, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.probe_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.probes.probe_bench", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="start vLLM with hidden-state capture, write feature traces")
     c.add_argument("--model-dir", required=True)

@@ -12,7 +12,7 @@ as long as a measurement needs). A stream is shaped like vLLM's: a role chunk, N
 finish chunk, a usage chunk if `stream_options.include_usage`, then `data: [DONE]`. The content is
 `expected_text(N)`, which the benchmark checks on every response.
 
-    python -m benchmarks.fast_upstream --port 8100 [--chunks 8]
+    python -m faithproxy.benchmarks.standins.fast_upstream --port 8100 [--chunks 8]
 """
 
 from __future__ import annotations
@@ -191,7 +191,9 @@ async def _send_json(send: Any, status: int, body: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fast_upstream", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.standins.fast_upstream", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=8, help="content chunks when a request names none")
     args = parser.parse_args(argv)

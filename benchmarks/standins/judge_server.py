@@ -40,8 +40,8 @@ fetch http images: FAITHPROXY_JUDGE_FETCH_IMAGES).
 Fault modes (`--mode` or `/_control`): ok | 500 | 429 | garbage (a 200 reply with no judge fields) |
 badjson (a 200 reply that is not JSON) | hang (no reply until the client gives up or the server stops).
 
-    python -m benchmarks.judge_server --port 8090 --oracle oracle.json --latency-s 0.5
-    python -m benchmarks.judge_server --port 8090 --shapesworld
+    python -m faithproxy.benchmarks.standins.judge_server --port 8090 --oracle oracle.json --latency-s 0.5
+    python -m faithproxy.benchmarks.standins.judge_server --port 8090 --shapesworld
 """
 
 from __future__ import annotations

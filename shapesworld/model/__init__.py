@@ -12,8 +12,8 @@ Modules (each imports only those above it):
               tower from collapsing to a constant; never saved with the model)
     scoring   the held-out set, and scoring a reply against ground truth
     greedy    greedy generation in transformers (batched, and one request at a time)
-    train     `python -m shapesworld.model.train`: train, checkpoint, evaluate, pick the final model
-    evaluate  `python -m shapesworld.model.evaluate`: held-out evaluation through real vLLM, and parity
+    train     `python -m faithproxy.shapesworld.model.train`: train, checkpoint, evaluate, pick the final model
+    evaluate  `python -m faithproxy.shapesworld.model.evaluate`: held-out evaluation through real vLLM, and parity
 
 The committed weights live in `shapesworld/model/weights/` (see `WEIGHTS_DIR`).
 """

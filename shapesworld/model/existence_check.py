@@ -1,7 +1,7 @@
 """How a checkpoint does on existence questions, the type it answers worst, and why.
 
-    python -m shapesworld.model.existence_check shapesworld/model/weights --n 100
-    python -m shapesworld.model.existence_check var/sw-obj/checkpoints/step-015856 --existence by-object
+    python -m faithproxy.shapesworld.model.existence_check shapesworld/model/weights --n 100
+    python -m faithproxy.shapesworld.model.existence_check var/sw-obj/checkpoints/step-015856 --existence by-object
 
 On the first `n` existence questions of the held-out set, greedy in transformers: answers right (split
 into "in the image" and "not in the image" questions), chains whose answer step names the right option

@@ -1,6 +1,6 @@
 """Does a checkpoint find option letters? Teacher-forced letter accuracy on held-out samples.
 
-    python -m shapesworld.model.letter_lookup var/sw-train/checkpoints/step-006579 --n 40
+    python -m faithproxy.shapesworld.model.letter_lookup var/sw-train/checkpoints/step-006579 --n 40
 
 Two numbers tell the lookup apart from its shortcuts. In reference chains: how often the most likely
 letter after "So the answer is <text>" is that option's letter. In the letters drill
