@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faithproxy.faithcore.errors import UpstreamError
+from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode
 
 if TYPE_CHECKING:
     import numpy as np
@@ -132,12 +132,14 @@ class HiddenStatesClient:
             raise UpstreamError(
                 "vLLM returned no hidden_states_path: is it running with extract_hidden_states and the "
                 "hidden-states connector (clients.hidden_states.server_args)?",
-                code="no_hidden_states",
+                code=UpstreamErrorCode.NO_HIDDEN_STATES,
             )
         try:
             return await asyncio.to_thread(read_hidden_states, path, self.layers, keep=self.keep_files)
         except (OSError, ValueError) as exc:
-            raise UpstreamError(f"cannot read hidden states {path}: {exc}", code="no_hidden_states") from exc
+            raise UpstreamError(
+                f"cannot read hidden states {path}: {exc}", code=UpstreamErrorCode.NO_HIDDEN_STATES
+            ) from exc
 
     async def step_states(
         self, model: str, messages: list[dict[str, Any]], prefix: str, steps: list[str], which: list[int]

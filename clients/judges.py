@@ -1,36 +1,53 @@
 """Judge backends by configuration: `build_judge(JudgeConfig) -> JudgeBackend`.
 
 The server builds every configured judge once (in its lifespan) and hands the mapping to the judge
-detector; requests select one by name.
+detector; requests select one by name. Backends are registered by the `backend` field of a config;
+each imports its vendor SDK, so only the backends a server configures are imported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from faithproxy.clients.anthropic_judge import AnthropicJudge
 from faithproxy.clients.judge_base import JudgeBackend, JudgeConfig, JudgeResult
-from faithproxy.clients.openai_judge import OpenAICompatibleJudge
+from faithproxy.faithcore.registry import Entry, Registry
 
 __all__ = [
-    "AnthropicJudge",
+    "BACKENDS",
     "JudgeBackend",
     "JudgeConfig",
     "JudgeResult",
-    "OpenAICompatibleJudge",
     "build_judge",
     "build_judges",
 ]
 
-_BACKENDS: dict[str, type[JudgeBackend]] = {
-    "anthropic": AnthropicJudge,
-    "openai": OpenAICompatibleJudge,
-}
+# Keys are the values JudgeConfig.backend accepts (a test keeps the two the same).
+BACKENDS: Registry[type[JudgeBackend]] = Registry(
+    "judge backend",
+    JudgeBackend,
+    {
+        "anthropic": Entry("faithproxy.clients.anthropic_judge:AnthropicJudge", "Anthropic Messages API (Claude)"),
+        "openai": Entry(
+            "faithproxy.clients.openai_judge:OpenAICompatibleJudge", "any OpenAI-compatible chat completions endpoint"
+        ),
+    },
+)
+
+_CLASSES = {"AnthropicJudge": "anthropic", "OpenAICompatibleJudge": "openai"}
+
+
+def __getattr__(name: str) -> Any:
+    """The backend classes (AnthropicJudge, OpenAICompatibleJudge), still importable from here, imported
+    when first asked for."""
+    if name in _CLASSES:
+        return BACKENDS.resolve(_CLASSES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_judge(config: JudgeConfig) -> JudgeBackend:
     """A backend for `config`; ValueError when its key is named by an unset environment variable."""
-    return _BACKENDS[config.backend](config)
+    return BACKENDS.resolve(config.backend)(config)
 
 
 def build_judges(configs: Iterable[JudgeConfig]) -> dict[str, JudgeBackend]:

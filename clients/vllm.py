@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from faithproxy.clients.sse import SSEDecoder
-from faithproxy.faithcore.errors import UpstreamError, UpstreamStatusError
+from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode, UpstreamStatusError
 
 
 @dataclass
@@ -42,26 +42,30 @@ class UpstreamStream:
                     return
                 yield _parse_chunk(data)
         except httpx.ReadTimeout as exc:
-            raise UpstreamError("upstream stream stalled (no data within the idle timeout)", code="stalled") from exc
+            raise UpstreamError(
+                "upstream stream stalled (no data within the idle timeout)", code=UpstreamErrorCode.STALLED
+            ) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"upstream stream broke: {type(exc).__name__}", code="stream_broken") from exc
+            raise UpstreamError(
+                f"upstream stream broke: {type(exc).__name__}", code=UpstreamErrorCode.STREAM_BROKEN
+            ) from exc
         # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
-        raise UpstreamError("upstream stream ended without [DONE]", code="stream_truncated")
+        raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
 
 
 def _parse_chunk(data: str) -> dict[str, Any]:
     try:
         chunk = json.loads(data)
     except json.JSONDecodeError as exc:
-        raise UpstreamError("upstream sent malformed JSON in its stream", code="malformed") from exc
+        raise UpstreamError("upstream sent malformed JSON in its stream", code=UpstreamErrorCode.MALFORMED) from exc
     if not isinstance(chunk, dict):
-        raise UpstreamError("upstream sent a non-object chunk", code="malformed")
+        raise UpstreamError("upstream sent a non-object chunk", code=UpstreamErrorCode.MALFORMED)
     if "error" in chunk and "choices" not in chunk:
         err = chunk["error"]
         message = err.get("message") if isinstance(err, dict) else str(err)
-        raise UpstreamError(f"upstream error during stream: {message}", code="stream_error")
+        raise UpstreamError(f"upstream error during stream: {message}", code=UpstreamErrorCode.STREAM_ERROR)
     if not _well_shaped(chunk):
-        raise UpstreamError("upstream sent a chunk of the wrong shape", code="malformed")
+        raise UpstreamError("upstream sent a chunk of the wrong shape", code=UpstreamErrorCode.MALFORMED)
     return chunk
 
 
@@ -157,9 +161,9 @@ class VLLMClient:
         try:
             return await self._client.send(request, stream=True)
         except httpx.ReadTimeout as exc:  # connected, but no response headers within the idle timeout
-            raise UpstreamError("upstream stalled before its first byte", code="stalled") from exc
+            raise UpstreamError("upstream stalled before its first byte", code=UpstreamErrorCode.STALLED) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code="connect") from exc
+            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code=UpstreamErrorCode.CONNECT) from exc
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Non-streamed chat completion as parsed JSON."""
@@ -167,9 +171,9 @@ class VLLMClient:
         try:
             data = response.json()
         except ValueError as exc:
-            raise UpstreamError("upstream returned malformed JSON", code="malformed") from exc
+            raise UpstreamError("upstream returned malformed JSON", code=UpstreamErrorCode.MALFORMED) from exc
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise UpstreamError("upstream returned an unexpected body", code="malformed")
+            raise UpstreamError("upstream returned an unexpected body", code=UpstreamErrorCode.MALFORMED)
         return data
 
     async def raw(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -177,7 +181,7 @@ class VLLMClient:
         try:
             return await self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code="connect") from exc
+            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}", code=UpstreamErrorCode.CONNECT) from exc
 
     async def models(self) -> dict[str, Any]:
         response = await self._send("GET", "/v1/models")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.faithcore.context import ChainContext
 from faithproxy.faithcore.types import Step, Verdict
+
+if TYPE_CHECKING:
+    from faithproxy.detectors.registry import DetectorDeps
 
 
 class Detector(abc.ABC):
@@ -34,6 +38,13 @@ class Detector(abc.ABC):
     # True when its verdicts carry information (`none` passes every step unchecked: its UNKNOWN verdicts
     # are counted with reason `detector_none`, not as detector errors).
     checks: ClassVar[bool] = True
+
+    @classmethod
+    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> Detector | None:
+        """An instance built from what the server has, or None when something it needs is absent (the
+        name is then refused per request). `built` holds the detectors registered before this one, for
+        detectors made of others (the cascade). The default suits detectors that need nothing."""
+        return cls()
 
     @abc.abstractmethod
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:

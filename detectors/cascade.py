@@ -19,14 +19,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.detectors.base import Detector
+from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.detectors.probe import ProbeDetector
 from faithproxy.faithcore.context import ChainContext
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
+if TYPE_CHECKING:
+    from faithproxy.detectors.registry import DetectorDeps
+
+# The stages that decide a step: the label set of faithproxy_cascade_decisions_total{stage}.
 STAGES = ("probe", "judge")
 
 
@@ -55,6 +60,15 @@ class CascadeDetector(Detector):
         self.high = high
         self.on_decision = on_decision  # (stage, steps) → e.g. a Prometheus counter
         self.decisions: Counter[str] = Counter()
+
+    @classmethod
+    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> CascadeDetector | None:
+        """Made of the probe and the judge built before it; None unless both were."""
+        probe = next((d for d in built.values() if isinstance(d, ProbeDetector)), None)
+        judge = next((d for d in built.values() if isinstance(d, JudgeDetector)), None)
+        if probe is None or judge is None:
+            return None
+        return cls(probe, judge, low=deps.cascade_low, high=deps.cascade_high, on_decision=deps.on_cascade_decision)
 
     def validate_request(self, ctx: ChainContext) -> None:
         self.probe.validate_request(ctx)

@@ -25,14 +25,17 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.clients.judge_base import JudgeBackend, JudgeResult
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, JudgeReply, build_judge_prompt, parse_judge_reply
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
+
+if TYPE_CHECKING:
+    from faithproxy.detectors.registry import DetectorDeps
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +94,17 @@ class JudgeDetector(Detector):
         self.input_tokens = 0
         self.output_tokens = 0
 
+    @classmethod
+    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> JudgeDetector | None:
+        if not deps.judges:
+            return None  # no judge configured on this server: the name is refused per request
+        return cls(deps.judges, deps.default_judge or next(iter(deps.judges)))
+
     def backend_for(self, ctx: ChainContext) -> JudgeBackend:
         name = ctx.judge or self.default
         backend = self.judges.get(name)
         if backend is None:
-            raise DetectorError(f"unknown judge {name!r}", code="unknown_judge")
+            raise DetectorError(f"unknown judge {name!r}", code=DetectorErrorCode.UNKNOWN_JUDGE)
         return backend
 
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:

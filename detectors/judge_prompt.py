@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import StepKind
 
 JUDGE_SYSTEM_PROMPT = (
@@ -171,7 +171,7 @@ def _normalise(text: str) -> str:
 
 
 def _unparseable(why: str) -> DetectorError:
-    return DetectorError(f"judge reply unparseable: {why}", code="unparseable")
+    return DetectorError(f"judge reply unparseable: {why}", code=DetectorErrorCode.UNPARSEABLE)
 
 
 def _verdict_is_unfaithful(value: str) -> bool | None:

@@ -25,19 +25,21 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from faithproxy.detectors.base import Detector
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, FaithproxyError, ProbeMismatch
+from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode, FaithproxyError, ProbeMismatch
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
     import numpy as np
 
     from faithproxy.clients.hidden_states import HiddenStatesClient
+    from faithproxy.detectors.registry import DetectorDeps
 
 PROBE_FORMAT = "faithproxy-probe"
 PROBE_VERSION = 1
@@ -200,6 +202,12 @@ class ProbeDetector(Detector):
         self.probe = probe
         self.hidden = hidden
 
+    @classmethod
+    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> ProbeDetector | None:
+        if deps.probe is None or deps.hidden is None:
+            return None  # needs both a probe file and a server that captures hidden states
+        return cls(deps.probe, deps.hidden)
+
     def validate_request(self, ctx: ChainContext) -> None:
         self.probe.check_compatible(model=ctx.model)
 
@@ -226,13 +234,15 @@ class ProbeDetector(Detector):
                     ctx.model, ctx.messages, chain_prefix(ctx.accepted), [s.raw for s in new_steps[: last + 1]], todo
                 )
             except FaithproxyError as exc:
-                raise DetectorError(f"hidden states unavailable: {exc.message}", code="connection") from exc
+                raise DetectorError(
+                    f"hidden states unavailable: {exc.message}", code=DetectorErrorCode.CONNECTION
+                ) from exc
             for i in todo:
                 new_steps[i].features = Features.last_token(captured[i])
         try:
             rows = [new_steps[i].features.select(self.probe.layers) for i in wanted]
         except ValueError as exc:
-            raise DetectorError(str(exc), code="other") from exc
+            raise DetectorError(str(exc), code=DetectorErrorCode.OTHER) from exc
         probabilities = self.probe.predict(np.stack(rows))
         out: list[float | None] = [None] * len(new_steps)
         for i, p in zip(wanted, probabilities, strict=True):

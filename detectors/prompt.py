@@ -14,7 +14,7 @@ from faithproxy.clients.vllm import assistant_text_of
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, UpstreamError
+from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode, UpstreamError
 from faithproxy.faithcore.images import image_parts
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
@@ -28,7 +28,7 @@ class SelfCheckDetector(Detector):
 
     async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
         if ctx.generator is None:
-            raise DetectorError("the prompt detector needs the generator client", code="other")
+            raise DetectorError("the prompt detector needs the generator client", code=DetectorErrorCode.OTHER)
         started = time.perf_counter()
         prefix = [s.text for s in ctx.accepted]
         jobs = []
@@ -62,9 +62,11 @@ class SelfCheckDetector(Detector):
         try:
             completion = await ctx.generator.chat(body)
         except UpstreamError as exc:
-            raise DetectorError(f"self-check call failed: {exc.message}", code="connection") from exc
+            raise DetectorError(f"self-check call failed: {exc.message}", code=DetectorErrorCode.CONNECTION) from exc
         ctx.usage.add(completion.get("usage"))
         answer = parse_self_check(assistant_text_of(completion))
         if answer is None:
-            raise DetectorError("the generator's self-check reply had no FAITHFUL/UNFAITHFUL", code="unparseable")
+            raise DetectorError(
+                "the generator's self-check reply had no FAITHFUL/UNFAITHFUL", code=DetectorErrorCode.UNPARSEABLE
+            )
         return answer

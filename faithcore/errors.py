@@ -20,9 +20,46 @@
 
 Each class carries the OpenAI error `type` and HTTP status it maps to; server/errors.py turns any of
 them into an OpenAI-format error body (or a final SSE error frame once the stream has started).
+
+The `code` of an UpstreamError and of a DetectorError is a member of `UpstreamErrorCode` and
+`DetectorErrorCode`: the metrics label their error counters with exactly these sets (server/metrics.py
+builds its label tuples from the enums), so a new reason cannot be raised without also being counted.
+A StrEnum member is its string: error bodies and traces carry the same `code` strings as before.
 """
 
 from __future__ import annotations
+
+import enum
+
+
+class UpstreamErrorCode(enum.StrEnum):
+    """Why talking to vLLM failed (the `reason` of faithproxy_upstream_errors_total)."""
+
+    CONNECT = "connect"  # unreachable, or it stalled before its first byte
+    STATUS = "status"  # vLLM answered an HTTP error (UpstreamStatusError, which carries no code itself)
+    STREAM_BROKEN = "stream_broken"
+    STREAM_TRUNCATED = "stream_truncated"  # the stream ended without [DONE]
+    STALLED = "stalled"  # no data within the idle timeout
+    MALFORMED = "malformed"  # a body or chunk that is not the JSON it should be
+    STREAM_ERROR = "stream_error"  # vLLM reported an error inside the stream
+    NO_HIDDEN_STATES = "no_hidden_states"  # the hidden-states route gave no (readable) file
+    OTHER = "other"
+
+
+class DetectorErrorCode(enum.StrEnum):
+    """Why a detector call failed (the `reason` of faithproxy_detector_errors_total)."""
+
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    STATUS_429 = "status_429"
+    STATUS_5XX = "status_5xx"
+    STATUS_4XX = "status_4xx"  # any other 4xx: the judge's number is in the message
+    BAD_RESPONSE = "bad_response"  # a reply body of the wrong shape
+    EMPTY_REPLY = "empty_reply"
+    SDK_ERROR = "sdk_error"  # any other failure inside a vendor SDK
+    UNPARSEABLE = "unparseable"  # a reply with no verdict the parser can read
+    UNKNOWN_JUDGE = "unknown_judge"
+    OTHER = "other"
 
 
 class FaithproxyError(Exception):
@@ -86,6 +123,10 @@ class UpstreamError(FaithproxyError):
     status_code = 502
     error_type = "upstream_error"
 
+    def __init__(self, message: str, *, code: UpstreamErrorCode | str | None = None) -> None:
+        # a string that is not a member fails here, at the raise site, not as an uncounted label
+        super().__init__(message, code=None if code is None else UpstreamErrorCode(code))
+
 
 class UpstreamStatusError(UpstreamError):
     def __init__(self, message: str, *, status_code: int, body: object = None) -> None:
@@ -95,8 +136,13 @@ class UpstreamStatusError(UpstreamError):
 
 
 class DetectorError(FaithproxyError):
+    """No code (None) is counted as "other" but keeps the error body's `code` null, as it always was."""
+
     status_code = 502
     error_type = "detector_error"
+
+    def __init__(self, message: str, *, code: DetectorErrorCode | str | None = None) -> None:
+        super().__init__(message, code=None if code is None else DetectorErrorCode(code))
 
 
 class RegenerationError(FaithproxyError):

@@ -1,18 +1,27 @@
-"""Regenerators by name."""
+"""Regenerators by name (the `regenerator` setting)."""
 
 from __future__ import annotations
 
 from faithproxy.clients.vllm import VLLMClient
+from faithproxy.faithcore.registry import Entry, Registry
 from faithproxy.regenerators.base import Regenerator
 
-REGENERATORS = {"reflect": "rewrite the flagged step with the generator and the image (paper, Table 16)"}
+REGENERATORS: Registry[type[Regenerator]] = Registry(
+    "regenerator",
+    Regenerator,
+    {
+        "reflect": Entry(
+            "faithproxy.regenerators.reflect:ReflectRegenerator",
+            "rewrite the flagged step with the generator and the image (paper, Table 16)",
+        ),
+    },
+)
 
 
 def build_regenerator(
     name: str, generator: VLLMClient, *, temperature: float, max_tokens: int, samples: int
 ) -> Regenerator:
-    if name == "reflect":
-        from faithproxy.regenerators.reflect import ReflectRegenerator
-
-        return ReflectRegenerator(generator, temperature=temperature, max_tokens=max_tokens, samples=samples)
-    raise ValueError(f"unknown regenerator {name!r}; known: {', '.join(REGENERATORS)}")
+    """The regenerator registered as `name`; every regenerator takes the generator and these settings.
+    An unknown name raises UnknownName (also a ValueError) with a suggestion."""
+    cls = REGENERATORS.resolve(name)
+    return cls(generator, temperature=temperature, max_tokens=max_tokens, samples=samples)  # type: ignore[call-arg]

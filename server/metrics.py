@@ -20,6 +20,9 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from faithproxy.detectors.cascade import STAGES
+from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
+
 KINDS = ("perception", "reasoning")
 VERDICTS = ("faithful", "unfaithful", "unknown")
 MODES = ("correct", "detect", "off")
@@ -28,26 +31,28 @@ RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
 ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
 STEP_OUTCOMES = ("fixed", "failed")
 REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
-UPSTREAM_ERRORS = (
-    "connect",
-    "status",
-    "stream_broken",
-    "stream_truncated",
-    "stalled",
-    "malformed",
-    "stream_error",
-    "other",
-)
-CASCADE_STAGES = ("probe", "judge")
+# The error reasons are the error codes: every code an error can carry is a label, pre-initialised.
+UPSTREAM_ERRORS = tuple(code.value for code in UpstreamErrorCode)
+DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
+CASCADE_STAGES = STAGES
 HINT_OUTCOMES = ("applied", "unusable", "error")
-DETECTOR_ERRORS = ("timeout", "connection", "status_429", "status_5xx", "status_4xx", "unparseable", "other")
-
 
 
 def detector_error_label(exc: Exception) -> str:
-    """The `reason` label of faithproxy_detector_errors_total for a detector failure."""
-    code = getattr(exc, "code", None)
-    return code if code in DETECTOR_ERRORS else "other"
+    """The `reason` label of faithproxy_detector_errors_total for a detector failure (a DetectorError
+    without a code, or any other exception, counts as "other")."""
+    try:
+        return DetectorErrorCode(getattr(exc, "code", None)).value
+    except ValueError:
+        return DetectorErrorCode.OTHER.value
+
+
+def upstream_error_label(exc: Exception) -> str:
+    """The `reason` label of faithproxy_upstream_errors_total for a failure talking to vLLM."""
+    try:
+        return UpstreamErrorCode(getattr(exc, "code", None)).value
+    except ValueError:  # no code: vLLM's own error status, or something unforeseen
+        return (UpstreamErrorCode.STATUS if isinstance(exc, UpstreamStatusError) else UpstreamErrorCode.OTHER).value
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

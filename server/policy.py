@@ -10,6 +10,7 @@ import difflib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.settings import Mode, OnDetectorError, Settings
 
@@ -78,6 +79,11 @@ def _probability(headers: Mapping[str, str], header: str) -> float | None:
             code="invalid_header",
         )
     return value
+
+
+def _uses_judge(detector: str) -> bool:
+    """Whether the registered detector calls a judge (a name the registry lacks is refused elsewhere)."""
+    return detector in DETECTORS and DETECTORS.resolve(detector).uses_judge
 
 
 def policy_from_headers(
@@ -160,9 +166,9 @@ def policy_from_headers(
                 code="invalid_header",
             )
 
-    if mode != "off" and detector == "judge" and judge is None:
+    if mode != "off" and judge is None and _uses_judge(detector):
         raise PolicyError(
-            "The judge detector was requested but this server has no judges configured "
+            f"The {detector} detector was requested but this server has no judges configured "
             f"(set FAITHPROXY_JUDGES, or choose another detector with {HEADER_DETECTOR}).",
             param=HEADER_DETECTOR,
             code="invalid_header",

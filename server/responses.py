@@ -18,11 +18,11 @@ import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError, UpstreamStatusError
+from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError, UpstreamErrorCode
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.errors import error_body, error_frame, error_response
 from faithproxy.server.hints import apply_hints, collect_hints
-from faithproxy.server.metrics import UPSTREAM_ERRORS
+from faithproxy.server.metrics import upstream_error_label
 from faithproxy.server.policy import RequestPolicy
 from faithproxy.server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
 from faithproxy.server.sse import DONE, ChunkFactory, frame
@@ -67,7 +67,8 @@ class ChatServing:
         if self.policy.hints:
             messages = await self._with_hints(messages, question)
             body = {**self.body, "messages": messages}
-        if self.policy.detector == "judge" and self.state.judge_fetches_images(self.policy.judge):
+        detector = self.state.detectors[self.policy.detector]
+        if detector.uses_judge and self.state.judge_fetches_images(self.policy.judge):
             assert self.state.image_fetcher is not None
             images = await self.state.image_fetcher.fetch_all(images)  # ImageRefused: nothing sent yet
         ctx = ChainContext(
@@ -80,14 +81,13 @@ class ChatServing:
             judge=self.policy.judge,
             options=self.policy.detector_options(),
         )
-        detector = self.state.detectors[self.policy.detector]
         detector.validate_request(ctx)  # ProbeMismatch (409) before anything is sent upstream
         self.session = ChainSession(
             settings=self.state.settings,
             policy=self.policy,
             ctx=ctx,
             generator=self.state.generator,
-            detector=self.state.detectors[self.policy.detector],
+            detector=detector,
             regenerator=self.state.regenerator,
             metrics=self.state.metrics,
             body=body,
@@ -257,14 +257,18 @@ class ChatServing:
                     tail = (tail + data)[-32:]
                     yield data
                 if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
-                    self.error = UpstreamError("upstream stream ended without [DONE]", code="stream_truncated")
+                    self.error = UpstreamError(
+                        "upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED
+                    )
                     yield (b"" if tail.endswith(b"\n\n") else b"\n\n") + error_frame(self.error)
                     yield DONE
             except Exception as exc:  # noqa: BLE001 - upstream died mid-stream: end well-formed
                 if isinstance(exc, httpx.ReadTimeout):
-                    self.error = UpstreamError("upstream stream stalled (idle timeout)", code="stalled")
+                    self.error = UpstreamError("upstream stream stalled (idle timeout)", code=UpstreamErrorCode.STALLED)
                 else:
-                    self.error = UpstreamError(f"upstream stream broke: {type(exc).__name__}", code="stream_broken")
+                    self.error = UpstreamError(
+                        f"upstream stream broke: {type(exc).__name__}", code=UpstreamErrorCode.STREAM_BROKEN
+                    )
                 yield error_frame(self.error)
                 yield DONE
             finally:
@@ -306,11 +310,7 @@ class ChatServing:
         if self.error is not None:
             status = self.error.status_code
             if isinstance(self.error, UpstreamError):
-                if self.error.code in UPSTREAM_ERRORS:
-                    code = self.error.code
-                else:
-                    code = "status" if isinstance(self.error, UpstreamStatusError) else "other"
-                metrics.upstream_errors.labels(code).inc()
+                metrics.upstream_errors.labels(upstream_error_label(self.error)).inc()
         status_class = "disconnected" if self.disconnected else f"{(status or 200) // 100}xx"
         metrics.requests.labels(self.policy.mode, self.policy.detector, status_class).inc()
         metrics.request_duration.labels(self.policy.mode, str(self.stream).lower()).observe(duration)

@@ -7,6 +7,7 @@ they list what the proxy itself reads, and `extra="allow"` says that everything 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -96,11 +97,14 @@ CHAT_OPENAPI_EXTRA: dict[str, Any] = {
 }
 
 
-def chat_parameters(settings: Settings) -> list[dict[str, Any]]:
-    """The X-Faithproxy-* headers, with the values this server accepts."""
-    detectors = sorted(
-        name for name, entry in DETECTORS.items() if entry.available and (name != "judge" or settings.judges)
-    )
+def chat_parameters(settings: Settings, served: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The X-Faithproxy-* headers, with the values this server accepts: `served` names the detectors it
+    built; without it (no lifespan has run yet), the available ones minus those needing an absent judge."""
+    if served is None:
+        served = [
+            name for name in DETECTORS.available() if settings.judges or not DETECTORS.resolve(name).uses_judge
+        ]
+    detectors = sorted(served)
     parameters = [
         _header(HEADER_MODE, "correct | detect | off", {"type": "string", "enum": ["correct", "detect", "off"]}),
         _header(HEADER_DETECTOR, "The detector checking the steps.", {"type": "string", "enum": detectors}),
@@ -144,7 +148,8 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             components.setdefault("schemas", {}).update(request.pop("$defs", {}))
             components["schemas"]["ChatCompletionRequest"] = request
             operation = schema["paths"]["/v1/chat/completions"]["post"]
-            operation["parameters"] = chat_parameters(settings)
+            state = getattr(app.state, "faithproxy", None)
+            operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)
             if settings.api_keys:
                 components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
                 schema["security"] = [{"bearer": []}]

@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from faithproxy.faithcore.errors import UpstreamError
 from faithproxy.server.errors import error_response
+from faithproxy.server.metrics import upstream_error_label
 from faithproxy.server.state import StateDep
 
 router = APIRouter()
@@ -37,7 +38,7 @@ async def models(state: StateDep) -> Response:
     try:
         listing = await state.generator.models()
     except UpstreamError as exc:
-        state.metrics.upstream_errors.labels(exc.code if exc.code == "connect" else "status").inc()
+        state.metrics.upstream_errors.labels(upstream_error_label(exc)).inc()
         return error_response(exc)
     state.learn_models([m["id"] for m in listing.get("data", []) if isinstance(m, dict) and "id" in m])
     return JSONResponse(listing)

@@ -13,27 +13,35 @@ Every benchmark module has
   (`clients.judges`) for what the metrics need beyond string matching; `bench run` merges the returned
   fields into the prediction records before scoring.
 
-The registry is lazy (module paths, imported on first use) and suggests a name on a typo.
+The registry is lazy (module paths, imported on first use), takes names in any case, and suggests a
+name on a typo.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-DATASETS: dict[str, str] = {
-    "mmvp": "faithproxy.benchmarks.evaluation.datasets.mmvp",
-    "hallusionbench": "faithproxy.benchmarks.evaluation.datasets.hallusionbench",
-    "mmevalpro": "faithproxy.benchmarks.evaluation.datasets.mmevalpro",
-    "freak": "faithproxy.benchmarks.evaluation.datasets.freak",
-    "mmgcot": "faithproxy.benchmarks.evaluation.datasets.mmgcot",
-    "mirage": "faithproxy.benchmarks.evaluation.datasets.mirage",
-}
+from faithproxy.faithcore.registry import Entry, Registry, UnknownName
+
+_PACKAGE = "faithproxy.benchmarks.evaluation.datasets"
+
+DATASETS: Registry[ModuleType] = Registry(
+    "dataset",
+    ModuleType,
+    {
+        "mmvp": Entry(f"{_PACKAGE}.mmvp", "MMVP: two-option questions on pairs of CLIP-blind images"),
+        "hallusionbench": Entry(f"{_PACKAGE}.hallusionbench", "HallusionBench: yes/no questions on figures"),
+        "mmevalpro": Entry(f"{_PACKAGE}.mmevalpro", "MMEvalPro: multiple-choice question triplets"),
+        "freak": Entry(f"{_PACKAGE}.freak", "FREAK: images that contradict common sense, multiple choice or free form"),
+        "mmgcot": Entry(f"{_PACKAGE}.mmgcot", "MM-GCoT: answers scored with the box they rest on"),
+        "mirage": Entry(f"{_PACKAGE}.mirage", "MIRAGE: hallucinations in multimodal reasoning chains"),
+    },
+    fold_case=True,
+)
 
 
 @dataclass(frozen=True)
@@ -59,12 +67,12 @@ Prediction = Mapping[str, Any] | str | None
 
 def get(name: str) -> ModuleType:
     """The benchmark module registered as `name`; KeyError naming the known ones otherwise."""
-    key = name.strip().lower()
-    if key not in DATASETS:
-        hint = difflib.get_close_matches(key, list(DATASETS), n=1)
-        did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
-        raise KeyError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}.{did_you_mean}")
-    return importlib.import_module(DATASETS[key])
+    try:
+        return DATASETS.resolve(name)
+    except UnknownName as exc:
+        # `bench run` prints this line to its user: the known names first, then the suggestion
+        did_you_mean = f" Did you mean {exc.hint!r}?" if exc.hint else ""
+        raise KeyError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}.{did_you_mean}") from None
 
 
 def reply_text(prediction: Prediction) -> str | None:
