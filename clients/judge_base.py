@@ -2,9 +2,9 @@
 
 A judge is an auxiliary VLM reached through a vendor SDK. Backends only move text and images: they know
 nothing about the judge prompt or its reply format (that is `detectors/judge_prompt.py`). Every SDK
-failure leaves a backend as a `DetectorError` whose `.code` is a short reason from a small fixed set
-(`timeout`, `connection`, `status_429`, `status_5xx`, `status_<4xx>`, `bad_response`, `empty_reply`,
-`sdk_error`), so metrics can label by it and the session can apply the request's on-error policy.
+failure leaves a backend as a `DetectorError` whose `.code` is a `DetectorErrorCode` (`timeout`,
+`connection`, `status_429`, `status_5xx`, `status_4xx`, `bad_response`, `empty_reply`, `sdk_error`), so
+metrics can label by it and the session can apply the request's on-error policy.
 
 Keys are `SecretStr` (or the name of an environment variable holding them) and never reach a repr, a
 log record or an error message.
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import ImageRef
 
 
@@ -108,14 +108,17 @@ class JudgeBackend(abc.ABC):
         )
 
 
-def judge_error(name: str, code: str, detail: str) -> DetectorError:
+def judge_error(name: str, code: DetectorErrorCode, detail: str) -> DetectorError:
     """A `DetectorError` naming the judge and a reason; `detail` must never contain request data."""
     return DetectorError(f"judge {name} failed ({code}): {detail}", code=code)
 
 
-def status_code_reason(status: int) -> str:
-    """Reason code of an HTTP error status: 5xx are one class, 4xx keep their number."""
-    return "status_5xx" if status >= 500 else f"status_{status}"
+def status_code_reason(status: int) -> DetectorErrorCode:
+    """Reason code of an HTTP error status: 429 (rate limited) on its own, the other 4xx and the 5xx as
+    two classes; the number itself goes into the message."""
+    if status == 429:
+        return DetectorErrorCode.STATUS_429
+    return DetectorErrorCode.STATUS_5XX if status >= 500 else DetectorErrorCode.STATUS_4XX
 
 
 @dataclass(frozen=True)
@@ -140,15 +143,15 @@ def map_sdk_error(name: str, exc: Exception, classes: SdkErrorClasses) -> Detect
     """The `DetectorError` for an SDK failure; the message names the class and status, never a key."""
     kind = type(exc).__name__
     if isinstance(exc, classes.timeout):
-        return judge_error(name, "timeout", kind)
+        return judge_error(name, DetectorErrorCode.TIMEOUT, kind)
     if isinstance(exc, classes.connection):
-        return judge_error(name, "connection", kind)
+        return judge_error(name, DetectorErrorCode.CONNECTION, kind)
     if isinstance(exc, classes.status):
         status = int(getattr(exc, "status_code", 0) or 0)
         return judge_error(name, status_code_reason(status), f"{kind}, HTTP {status}")
     if isinstance(exc, classes.validation | ValueError | KeyError | TypeError | AttributeError | IndexError):
-        return judge_error(name, "bad_response", kind)
-    return judge_error(name, "sdk_error", kind)
+        return judge_error(name, DetectorErrorCode.BAD_RESPONSE, kind)
+    return judge_error(name, DetectorErrorCode.SDK_ERROR, kind)
 
 
 class SdkJudge(JudgeBackend):
@@ -188,7 +191,7 @@ class SdkJudge(JudgeBackend):
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
             raise map_sdk_error(self.name, exc, self.errors) from exc
         if not text.strip():
-            raise judge_error(self.name, "empty_reply", "the reply has no text")
+            raise judge_error(self.name, DetectorErrorCode.EMPTY_REPLY, "the reply has no text")
         return JudgeResult(text, input_tokens, output_tokens, time.perf_counter() - started)
 
     async def aclose(self) -> None:

@@ -56,9 +56,8 @@ def _segment(args: argparse.Namespace) -> int:
 def _detectors(args: argparse.Namespace) -> int:
     from faithproxy.detectors.registry import DETECTORS
 
-    for name, entry in DETECTORS.items():
-        state = "available" if entry.available else "planned"
-        print(f"{name:<8} {state:<10} {entry.description}")
+    for name, state, description in DETECTORS.listing():
+        print(f"{name:<8} {state:<10} {description}")
     return 0
 
 

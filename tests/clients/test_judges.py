@@ -6,10 +6,13 @@ The server is a real uvicorn on 127.0.0.1 (a free port); fault modes are switche
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import SecretStr, ValidationError
 
 from faithproxy.benchmarks.standins.judge_server import (
@@ -18,10 +21,18 @@ from faithproxy.benchmarks.standins.judge_server import (
     create_app,
     running_judge_server,
 )
+from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.anthropic_judge import AnthropicJudge
-from faithproxy.clients.judges import JudgeBackend, JudgeConfig, OpenAICompatibleJudge, build_judge, build_judges
+from faithproxy.clients.judges import (
+    BACKENDS,
+    JudgeBackend,
+    JudgeConfig,
+    OpenAICompatibleJudge,
+    build_judge,
+    build_judges,
+)
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt
-from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import parse_image_url
 from tests.support import local_judge_config
 
@@ -202,3 +213,28 @@ async def test_server_control_endpoint_switches_modes(server: tuple[str, JudgeSe
             await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
     finally:
         await judge.aclose()
+
+
+def test_backend_names_are_the_registry_s() -> None:
+    assert set(typing.get_args(JudgeConfig.model_fields["backend"].annotation)) == set(BACKENDS)
+    assert BACKENDS.resolve("anthropic") is AnthropicJudge and BACKENDS.resolve("openai") is OpenAICompatibleJudge
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+@pytest.mark.parametrize("backend", ["anthropic", "openai"])
+async def test_a_judge_answering_4xx_is_status_4xx(backend: str, status: int) -> None:
+    """One reason for every 4xx but 429 (a small label set); the number stays in the message."""
+    app = FastAPI()
+
+    @app.post("/{path:path}")
+    async def refuse(path: str) -> JSONResponse:
+        return JSONResponse({"error": {"type": "refused", "message": "no"}}, status_code=status)
+
+    async with running_app(app) as url:
+        judge = build_judge(config(backend, url + ("/v1" if backend == "openai" else ""), max_retries=0))
+        try:
+            with pytest.raises(DetectorError) as info:
+                await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT)
+        finally:
+            await judge.aclose()
+    assert info.value.code is DetectorErrorCode.STATUS_4XX and f"HTTP {status}" in info.value.message

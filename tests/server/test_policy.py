@@ -109,3 +109,15 @@ def test_hints_header_and_default() -> None:
         with pytest.raises(PolicyError) as info:
             hints(headers, available)
         assert info.value.param == "x-faithproxy-hints"
+
+
+@pytest.mark.parametrize("detector", ["judge", "cascade"])
+def test_any_detector_that_uses_a_judge_is_refused_without_judges(detector: str) -> None:
+    """Asked of the detector's declared `uses_judge`, not of its name."""
+    with pytest.raises(PolicyError) as info:
+        policy_from_headers({}, Settings(default_detector=detector), detectors=["prompt", "none"], judges=[])
+    assert info.value.param == "x-faithproxy-detector" and f"The {detector} detector" in info.value.message
+    off = policy_from_headers(
+        {"x-faithproxy-mode": "off"}, Settings(default_detector=detector), detectors=["none"], judges=[]
+    )
+    assert off.mode == "off"  # off mode runs no detector: nothing to refuse

@@ -1,0 +1,116 @@
+"""Detectors by name: each builds itself from the server's dependencies, the registry never names one."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import pytest
+
+from faithproxy.detectors import registry
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.cascade import CascadeDetector
+from faithproxy.detectors.judge import JudgeDetector
+from faithproxy.detectors.probe import ProbeDetector
+from faithproxy.detectors.registry import DETECTORS, DetectorDeps, Entry, build_detectors, resolve
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.types import Step, Verdict
+
+
+class FakeProbe:
+    """What ProbeDetector needs of a loaded probe at construction."""
+
+    def check_compatible(self, **_: Any) -> None:
+        return None
+
+
+class FakeHidden:
+    layers = (1, 2)
+
+
+class ExtraDetector(Detector):
+    """A detector added by registration alone; built only when the server has a default judge name."""
+
+    name: ClassVar[str] = "extra"
+
+    def __init__(self, judge: str) -> None:
+        self.judge = judge
+
+    @classmethod
+    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> Detector | None:
+        return cls(deps.default_judge) if deps.default_judge else None
+
+    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+        return []
+
+
+def test_registered_names_are_the_classes_names() -> None:
+    for name in DETECTORS.available():
+        assert resolve(name).name == name
+
+
+def test_without_dependencies_only_the_self_sufficient_detectors_are_built() -> None:
+    assert sorted(build_detectors(DetectorDeps())) == ["none", "prompt"]
+
+
+def test_judges_build_the_judge_with_the_default_or_the_first() -> None:
+    judges = {"a": object(), "b": object()}
+    built = build_detectors(DetectorDeps(judges=judges))
+    assert sorted(built) == ["judge", "none", "prompt"]
+    judge = built["judge"]
+    assert isinstance(judge, JudgeDetector) and judge.default == "a"
+    assert build_detectors(DetectorDeps(judges=judges, default_judge="b"))["judge"].default == "b"  # type: ignore[attr-defined]
+
+
+def test_probe_needs_both_a_probe_and_hidden_states() -> None:
+    assert "probe" not in build_detectors(DetectorDeps(probe=FakeProbe()))
+    assert "probe" not in build_detectors(DetectorDeps(hidden=FakeHidden()))
+    built = build_detectors(DetectorDeps(probe=FakeProbe(), hidden=FakeHidden()))
+    assert sorted(built) == ["none", "probe", "prompt"]  # no cascade without a judge
+
+
+def test_cascade_is_made_of_the_built_probe_and_judge() -> None:
+    decisions: list[tuple[str, int]] = []
+    deps = DetectorDeps(
+        judges={"a": object()},
+        probe=FakeProbe(),
+        hidden=FakeHidden(),
+        cascade_low=0.2,
+        cascade_high=0.7,
+        on_cascade_decision=lambda stage, n: decisions.append((stage, n)),
+    )
+    built = build_detectors(deps)
+    assert sorted(built) == ["cascade", "judge", "none", "probe", "prompt"]
+    cascade = built["cascade"]
+    assert isinstance(cascade, CascadeDetector)
+    assert cascade.probe is built["probe"] and cascade.judge is built["judge"]
+    assert (cascade.low, cascade.high, cascade.on_decision) == (0.2, 0.7, deps.on_cascade_decision)
+    assert isinstance(built["probe"], ProbeDetector)
+
+
+def test_a_new_detector_needs_only_an_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(DETECTORS, "extra", Entry(f"{__name__}:ExtraDetector", "test only"))
+    assert "extra" not in build_detectors(DetectorDeps())
+    built = build_detectors(DetectorDeps(judges={"a": object()}, default_judge="a"))
+    assert isinstance(built["extra"], ExtraDetector) and built["extra"].judge == "a"
+
+
+def test_planned_detectors_are_skipped_and_unknown_ones_suggested(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(DETECTORS, "future", Entry("no_such_module:Future", "not yet", available=False))
+    assert "future" not in build_detectors(DetectorDeps())
+    with pytest.raises(KeyError, match="unknown detector 'jduge'; did you mean 'judge'"):
+        resolve("jduge")
+
+
+def test_build_detectors_compares_no_names() -> None:
+    tree = ast.parse(inspect.getsource(registry.build_detectors))
+    compared = [
+        node.value
+        for cmp in ast.walk(tree)
+        if isinstance(cmp, ast.Compare)
+        for node in ast.walk(cmp)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    assert compared == []
