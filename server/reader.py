@@ -3,6 +3,7 @@
 The reader is its own task so that decoding never waits for the detector: while step k is being
 checked, step k+1 is already being read and segmented. The session cancels the task (which closes the
 HTTP connection, and vLLM aborts the generation) when a step fails and the read-ahead must go.
+What the items mean is decided by the correction core (server/correction.py), not here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faithproxy.clients.vllm import VLLMClient
+from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.segmenter import StepSegmenter
 from faithproxy.faithcore.types import Channel, Step
@@ -54,7 +56,7 @@ class RoundEnd:
 
 @dataclass
 class RoundFailed:
-    error: BaseException
+    error: FaithproxyError  # anything else that broke the read is wrapped as an internal error
 
 
 Item = Step | TextDelta | ExtraDelta | TrailingRaw | RoundEnd | RoundFailed
@@ -67,8 +69,9 @@ class RoundReader:
     generator: VLLMClient
     body: dict[str, Any]
     first_index: int
-    queue: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
-    field_names: dict[Channel, str] = field(default_factory=dict)  # which delta field each channel used
+    # Items, in order. The session may post its own events into the same queue (detect mode's check
+    # results), so that it waits on one queue for whatever comes first.
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
 
     def __post_init__(self) -> None:
         self._segmenters = {Channel.REASONING: StepSegmenter(), Channel.CONTENT: StepSegmenter()}
@@ -76,9 +79,6 @@ class RoundReader:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._first_chunk: dict[str, Any] | None = None
-        # Text deltas seen: vLLM streams about one token per delta, so this estimates the completion
-        # tokens of a round that is aborted before vLLM reports its usage.
-        self.deltas_seen = 0
 
     async def run(self) -> None:
         try:
@@ -91,7 +91,7 @@ class RoundReader:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the session, which owns error policy
-            self.queue.put_nowait(RoundFailed(exc))
+            self.queue.put_nowait(RoundFailed(_as_faithproxy_error(exc)))
 
     def _on_chunk(self, chunk: dict[str, Any]) -> None:
         if self._first_chunk is None:
@@ -105,8 +105,6 @@ class RoundReader:
             for name, channel in TEXT_FIELDS.items():
                 text = delta.get(name)
                 if isinstance(text, str) and text:
-                    self.deltas_seen += 1
-                    self.field_names.setdefault(channel, name)
                     if channel is Channel.CONTENT:
                         # Thinking is over once the answer starts: its last sentence is complete.
                         self._flush(Channel.REASONING)
@@ -130,3 +128,9 @@ class RoundReader:
         step = Step(index=self._next_index, text=text, raw=raw, channel=channel, kind=classify_step(text))
         self._next_index += 1
         self.queue.put_nowait(step)
+
+
+def _as_faithproxy_error(exc: BaseException) -> FaithproxyError:
+    if isinstance(exc, FaithproxyError):
+        return exc
+    return FaithproxyError(f"internal error while reading upstream: {type(exc).__name__}")
