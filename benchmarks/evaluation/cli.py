@@ -9,6 +9,8 @@
     faithproxy bench report --out DIR [--pair NAME VANILLA CORRECTED] [--swap NAME=FILE] ...
     faithproxy bench option-curve FILE --target URL --model M --out FILE
     faithproxy bench run ...            (benchmarks/evaluation/run.py)
+    faithproxy bench validate --dataset NAME --data-dir DIR
+    faithproxy bench score --dataset NAME --data-dir DIR --predictions FILE   (release_commands.py)
 
 Wherever a command reads chains, FILE may be a labelled-chain file or a proxy trace file (converted on
 the fly, `--view` choosing which text of a rewritten step counts). Judges for `replay` and `judge-upr`
@@ -38,7 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "convert proxy traces to labelled chains (lossless)",
     ),
     "upr": ("faithproxy.benchmarks.evaluation.cli:Upr", "unfaithful perception rate of a labelled file"),
-    "f1": ("faithproxy.benchmarks.evaluation.cli:F1", "precision, recall, F1 (and AUROC) of predictions against gold labels"),
+    "f1": (
+        "faithproxy.benchmarks.evaluation.cli:F1",
+        "precision, recall, F1 (and AUROC) of predictions against gold labels",
+    ),
     "icc": ("faithproxy.benchmarks.evaluation.cli:Icc", "ICC(3,1) between two raters on per-chain counts"),
     "replay": (
         "faithproxy.benchmarks.evaluation.cli:Replay",
@@ -63,6 +68,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shapesworld": (
         "faithproxy.benchmarks.evaluation.shapesworld_bench",
         "ShapesWorld held-out scenes: vanilla vs faithproxy per detector",
+    ),
+    "validate": (
+        "faithproxy.benchmarks.evaluation.release_commands:Validate",
+        "read a benchmark release as published; print records per split and every problem (JSON)",
+    ),
+    "score": (
+        "faithproxy.benchmarks.evaluation.release_commands:Score",
+        "score a predictions file (official format or ours) with the benchmark's official rules (JSON)",
     ),
 }
 
@@ -384,7 +397,7 @@ class Report:
     @staticmethod
     def main(args: argparse.Namespace) -> int:
         from faithproxy.benchmarks.evaluation.from_traces import iter_trace_records
-        from faithproxy.benchmarks.evaluation.report import build_report
+        from faithproxy.benchmarks.evaluation.report import build_report, scores_beside
 
         swap = []
         for spec in args.swap:
@@ -398,8 +411,10 @@ class Report:
         detectors = [report for path in args.replay for report in _json_objects(path)]
         if not (pairs or swap or regeneration or logprobs or detectors):
             raise CommandError("nothing to report: give --pair, --swap, --replay, --regeneration or --logprobs")
+        # the runs' own scores (next to their chains) carry the figure of the paper's accuracy definition
+        pair_scores = [(scores_beside(vanilla), scores_beside(corrected)) for _, vanilla, corrected in args.pair]
         data = build_report(args.out, pairs=pairs, swap=swap, regeneration=regeneration, logprobs=logprobs,
-                            detectors=detectors, title=args.title)  # fmt: skip
+                            detectors=detectors, title=args.title, pair_scores=pair_scores)  # fmt: skip
         out = Path(args.out)
         _print(args, data | {"report": str(out / "report.md")},
                [f"wrote {out / 'report.md'} and {len(data['files'])} plot(s)"])  # fmt: skip

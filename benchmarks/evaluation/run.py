@@ -8,6 +8,11 @@ URL, then the prompt text. `--mode` sets `X-Faithproxy-Mode`: `correct` (the pro
 perception steps), `detect` (checks only), `vanilla` (`off`: the proxy passes the request through;
 vLLM itself ignores the header, so `--target` may be vLLM for the baseline).
 
+Before the first request the release is read as published (datasets/release.py): a missing image, a
+record that cannot be read or a field value the scorer does not know stops the run with one message
+(exit status 2) naming the file, the record and how many are affected; `--skip-missing` leaves those
+records out instead and `scores.json` says how many (`skipped`).
+
 The run is resumable: every reply is appended to `OUT/predictions.jsonl` as it arrives, and a second run
 with the same `--out` skips the ids already answered (failed ones are asked again; the last record of an
 id wins). A failed request is a record with `error` filled, never an exception. When faithproxy answers,
@@ -48,6 +53,7 @@ from tqdm import tqdm
 
 from faithproxy.benchmarks.evaluation import datasets
 from faithproxy.benchmarks.evaluation.datasets import Item
+from faithproxy.benchmarks.evaluation.datasets.release import DatasetError
 from faithproxy.benchmarks.evaluation.labelled import LabelledChain, LabelledStep, write_chains
 from faithproxy.clients.judge_base import JudgeBackend, JudgeConfig
 from faithproxy.clients.judges import build_judge
@@ -83,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--loader-arg", action="append", default=[], metavar="KEY=VALUE", help="dataset option (repeatable)"
+    )
+    parser.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="leave out records whose image is missing or that cannot be read, and report how many "
+        "(default: stop before asking the model)",
     )
     parser.add_argument("--judge-url", help="OpenAI-compatible judge for datasets that need one (FREAK, MIRAGE)")
     parser.add_argument(
@@ -350,19 +362,31 @@ async def _judge_all(module, items: list[Item], predictions: dict[str, dict[str,
             predictions[item_id] = {**predictions[item_id], **{k: v for k, v in fields.items() if k != "id"}}
 
 
-def _prepare(module, args: argparse.Namespace) -> tuple[list[Item], Path]:
-    options = _pairs(args.loader_arg, "--loader-arg")
+def loader_options(module, dataset: str, loader_args: Sequence[str]) -> dict[str, str]:
+    """The `--loader-arg KEY=VALUE` pairs, checked against the options the dataset's loader takes."""
+    options = _pairs(loader_args, "--loader-arg")
     known = [name for name in inspect.signature(module.load).parameters if name != "data_dir"]
     if unknown := sorted(set(options) - set(known)):
-        raise ValueError(f"{args.dataset} has no option {', '.join(unknown)}; its options: {', '.join(known)}")
-    items = module.load(args.data_dir, **options)
+        raise ValueError(f"{dataset} has no option {', '.join(unknown)}; its options: {', '.join(known)}")
+    return options
+
+
+def _prepare(module, args: argparse.Namespace) -> tuple[list[Item], Path, dict[str, Any]]:
+    """The items to ask, the output folder, and what the release check left out. A release with
+    problems stops here, before any request, unless `--skip-missing` (release.py)."""
+    options = loader_options(module, args.dataset, args.loader_arg)
+    release = module.read(args.data_dir, **options)
+    if release.problems and not getattr(args, "skip_missing", False):
+        raise release.error()
+    skipped = {"records": len(release.problems), "by_kind": release.problem_counts}
+    items = release.items
     if twice := sorted(k for k, n in Counter(i.id for i in items).items() if n > 1):
         raise ValueError(f"{args.dataset}: item ids occur twice ({', '.join(twice[:5])}): results would mix")
     if args.limit is not None:
         items = items[: args.limit]
     out: Path = args.out or Path("var/bench") / f"{args.dataset.lower()}-{args.mode}"
     out.mkdir(parents=True, exist_ok=True)
-    return items, out
+    return items, out, skipped
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -372,7 +396,11 @@ async def run(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(exc.args[0], file=sys.stderr)
         return 2
-    items, out = _prepare(module, args)
+    try:
+        items, out, skipped = _prepare(module, args)
+    except DatasetError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     headers = {HEADER_MODE: MODE_HEADER_VALUES[args.mode], **_pairs(args.header, "--header")}
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
@@ -413,6 +441,7 @@ async def run(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "model": model,
         "items": len(items),
+        **({"skipped": skipped} if skipped["records"] else {}),
         "answered": len(predictions) - errors,
         "errors": errors,
         "metrics": module.score(items, predictions),

@@ -1,32 +1,41 @@
-"""FREAK: questions about images that contradict common sense, each with a tempting commonsense answer.
+"""FREAK (Yin et al., ICLR 2026): photorealistic images that contradict common sense, each question with a
+tempting commonsense answer.
 
-Every question is asked as multiple choice with four options: the correct answer, a commonsense
-distractor (what one expects without looking), a generated distractor, and a fixed "the correct answer
-is not listed". The first three are put in all 6 orders under the labels A–C; D stays the fixed option.
-Free-form, the reply is classified by a judge as correct, a commonsense error (the model said what
-common sense expects: a hallucination) or another error.
+Layout: the hub dataset (hansQAQ/FREAK) as downloaded, the way the official code reads it
+(`datasets.load_dataset("./freak", split="test")`): Parquet files under DATA_DIR
+(`DATA_DIR/data/test-0000k-of-00005.parquet`; reading them needs `pyarrow`). Columns (the official
+build/upload.py): `id`, `image` (the hub's image struct `{"bytes", "path"}`), `question`, `item`,
+`category` (list), `type` ("mcq" | "fib"), `options` (mcq: 4 texts, [0] the correct answer, [1] the
+commonsense answer, [2] another, [3] "the correct answer is not listed"), `ground_truth` and
+`hallu_answer` (fib: the right answer and the typical, commonsense, error). Images are written once to
+`DATA_DIR/.faithproxy-images/`.
 
-Layout. The field names below are those this loader reads; they follow the paper's description of each
-record (the release format itself could not be checked from here — rename fields if a copy differs)::
+Scoring follows the official eval/evaluate.py:
 
-    DATA_DIR/freak.json   (or freak.jsonl) records: id, image (path relative to DATA_DIR), question,
-                          answer (the correct option's text), commonsense_distractor,
-                          generated_distractor, category (optional)
+- multiple choice: each question is asked in 6 orders of its first three options (D stays "not
+  listed"); the letter is read from the reply by the official rules (`official_choice`: the text after
+  `</think>`, else the whole reply; `<answer>X</answer>`; a bare letter; the last character; "A." /
+  "is A" / "is: A" / "{A}"; otherwise D). `accuracy` = mean over questions of the share of orders
+  answered right, `hallu_rate` = mean share of picks of the commonsense option; `not_listed_rate`
+  (share of D picks) and `unparsed` (replies read as D by the last rule) are ours;
+- free form (fib): a judge labels the reply `correct`, `typical` (the commonsense error: a
+  hallucination) or `wrong` (we store them as correct / commonsense_error / other_error); `open_accuracy`
+  and `open_hallu_rate` are the shares over the judged replies, `open_unjudged` counts the rest. These
+  figures depend on the judge model;
+- `total_accuracy` and `total_hallu_rate`: the official totals, over multiple-choice questions and
+  judged free-form ones together.
 
-Metrics, multiple choice: `accuracy` = mean over questions of the share right among its orders;
-`hallu_rate` = mean share of picks of the commonsense distractor; `not_listed_rate` = share of D picks.
-An unparseable reply counts as D (as in the paper). Free form (`open_*`): shares of the judge's labels
-over the judged replies; replies without a label are counted in `open_unjudged`.
+A failed request is never read as an answer: a multiple-choice order without a reply counts as D (the
+official fallback for a reply it cannot read) and is reported in the run's `errors`; a free-form one stays
+unjudged.
 
-Loader options: `mode` = `mcq` (default: 6 items per question), `open` (1 free-form item per question)
-or `both`; `instruction` (appended to every prompt).
+Loader options: `mode` = `both` (default, every record), `mcq` or `open` (free-form records only);
+`instruction` (appended to every prompt).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -34,67 +43,149 @@ from pathlib import Path
 from typing import Any
 
 from faithproxy.benchmarks.evaluation.datasets import Item, Prediction, ratio, reply_text
-from faithproxy.benchmarks.evaluation.mcq import LETTERS, extract_choice, format_options
+from faithproxy.benchmarks.evaluation.datasets.release import (
+    DUPLICATE_RECORD,
+    MISSING_IMAGE,
+    UNKNOWN_VALUE,
+    UNREADABLE_RECORD,
+    Release,
+    as_text,
+    cache_dir,
+    image_problem,
+    missing_release_file,
+    parquet_files,
+    read_parquet_rows,
+    strict,
+    write_cached,
+)
 from faithproxy.clients.judge_base import JudgeBackend
 from faithproxy.faithcore.errors import FaithproxyError
+from faithproxy.faithcore.images import parse_image_url
 
-NOT_LISTED = "The correct answer is not listed."
-ROLES = ("correct", "commonsense", "generated")
-ORDERS = tuple(itertools.permutations(range(3)))  # the 6 orders of the three real options
+OFFICIAL = ("accuracy", "hallu_rate", "open_accuracy", "open_hallu_rate", "total_accuracy", "total_hallu_rate")
+# The official permutations: the options shown as A, B, C (D fixed), and the letters the correct and the
+# commonsense options land on.
+ORDERS = ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
 JUDGEMENTS = ("correct", "commonsense_error", "other_error")
+TYPES = ("mcq", "fib")
+MCQ_INSTRUCTION = (
+    "Here is an image with a multiple choice question about it. Answer faithfully to the image; the question may "
+    "be confusing or the image unusual. Answer ONLY with the letter of the correct choice."
+)
+FIB_INSTRUCTION = (
+    "Here is an image with a question about it. Answer faithfully to the image; the question may be confusing or "
+    "the image unusual, so rely on what the image shows."
+)
 
 
-def _records(data_dir: Path) -> list[dict[str, Any]]:
-    if (path := data_dir / "freak.json").exists():
-        return json.loads(path.read_text(encoding="utf-8"))
-    if (path := data_dir / "freak.jsonl").exists():
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    raise FileNotFoundError(f"FREAK: expected {data_dir / 'freak.json'} or freak.jsonl")
+def _image(record: Mapping[str, Any], data_dir: Path, cache: Path) -> Path | None:
+    image = record.get("image")
+    if isinstance(image, Mapping):
+        if image.get("bytes"):
+            return write_cached(cache, f"freak-{record.get('id')}", bytes(image["bytes"]), as_text(image.get("path")))
+        if image.get("path"):
+            return data_dir / as_text(image["path"])
+    return None
 
 
-def load(data_dir: Path, mode: str = "mcq", instruction: str = "") -> list[Item]:
+def read(data_dir: Path, mode: str = "both", instruction: str = "") -> Release:
     if mode not in ("mcq", "open", "both"):
         raise ValueError(f"FREAK: mode must be mcq, open or both, not {mode!r}")
     data_dir = Path(data_dir)
-    items = []
-    for record in _records(data_dir):
-        qid = str(record["id"])
-        question = str(record["question"]).strip()
-        texts = (str(record["answer"]), str(record["commonsense_distractor"]), str(record["generated_distractor"]))
-        common = {
-            "question_id": qid,
-            "category": record.get("category"),
-            "correct_text": texts[0],
-            "commonsense_text": texts[1],
-        }
-        image = data_dir / record["image"]
-        if mode in ("mcq", "both"):
+    release = Release("freak")
+    files = parquet_files(data_dir)
+    if not files:
+        return missing_release_file(release, data_dir / "data" / "test-*.parquet", "FREAK Parquet files")
+    cache = cache_dir(data_dir)
+    seen: set[tuple[str, str]] = set()
+    for path, n, record in read_parquet_rows(files):
+        kind, qid = as_text(record.get("type")).strip(), as_text(record.get("id")).strip()
+        if mode == "mcq" and kind != "mcq" or mode == "open" and kind == "mcq":
+            continue
+        release.count(kind or "?")
+        where = f"{path.name} row {n} (id {qid or '?'}, {kind or '?'})"
+        question = as_text(record.get("question")).strip()
+        if kind not in TYPES:
+            release.problem(UNKNOWN_VALUE, where, f"type {kind!r} is not mcq or fib")
+            continue
+        options = [as_text(o).strip() for o in record.get("options") or ()]
+        ground_truth = as_text(record.get("ground_truth")).strip()
+        if not qid or not question or kind == "mcq" and (len(options) != 4 or not all(options)):
+            release.problem(UNREADABLE_RECORD, where, "needs id, question and, for mcq, 4 options")
+            continue
+        if kind == "fib" and not ground_truth:
+            release.problem(UNREADABLE_RECORD, where, "a free-form record without ground_truth cannot be judged")
+            continue
+        if (kind, qid) in seen:
+            release.problem(DUPLICATE_RECORD, where, f"id {qid} occurs twice among the {kind} records")
+            continue
+        seen.add((kind, qid))
+        image = _image(record, data_dir, cache)
+        if image is None:
+            release.problem(MISSING_IMAGE, where, "the record has no image")
+            continue
+        if found := image_problem(image):
+            release.problem(*found, where, image)
+            continue
+        common = {"question_id": qid, "category": list(record.get("category") or []), "item": record.get("item")}
+        if kind == "mcq":
             for k, order in enumerate(ORDERS):
-                options = (*(texts[i] for i in order), NOT_LISTED)
-                letter_of = {ROLES[role]: LETTERS[pos] for pos, role in enumerate(order)}
-                items.append(
+                shown = [options[i] for i in order] + [options[3]]
+                block = "\n".join(f"{letter}. {text}" for letter, text in zip("ABCD", shown, strict=True))
+                letter_of = {role: "ABC"[order.index(role)] for role in range(3)}
+                prompt = f"{MCQ_INSTRUCTION}\nQuestion: {question}\nChoices:\n{block}\nYour answer: {instruction}"
+                release.items.append(
                     Item(
                         id=f"freak-{qid}-o{k}",
                         question=question,
-                        prompt=f"{question} Options: {format_options(options)} {instruction}".strip(),
-                        answer=letter_of["correct"],
+                        prompt=prompt.strip(),
+                        answer=letter_of[0],
                         image=image,
-                        options=options,
-                        extra={**common, "format": "mcq", "commonsense_letter": letter_of["commonsense"]},
+                        options=tuple(shown),
+                        extra={**common, "format": "mcq", "commonsense_letter": letter_of[1]},
                     )
                 )
-        if mode in ("open", "both"):
-            items.append(
+        else:
+            prompt = f"{FIB_INSTRUCTION}\nQuestion: {question}\nYour answer: {instruction}"
+            release.items.append(
                 Item(
                     id=f"freak-{qid}-open",
                     question=question,
-                    prompt=f"{question} {instruction}".strip(),
-                    answer=texts[0],
+                    prompt=prompt.strip(),
+                    answer=ground_truth,
                     image=image,
-                    extra={**common, "format": "open"},
+                    extra={
+                        **common,
+                        "format": "open",
+                        "correct_text": ground_truth,
+                        "commonsense_text": as_text(record.get("hallu_answer")).strip(),
+                    },  # fmt: skip
                 )
             )
-    return items
+    return release
+
+
+load = strict(read)
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def official_choice(text: str) -> tuple[str, bool]:
+    """The letter the official evaluate.py reads from a reply, and whether a rule found it (False: the
+    final fallback to D). The reasoning part is dropped as the official thinking mode does; an empty
+    reply, where the official script would fail, is D."""
+    if "</think>" in text and "<think>" in text:
+        text = text[text.index("</think>") + len("</think>") :].strip()
+    found = _ANSWER_TAG.findall(text)
+    choice = found[0] if found else text
+    if choice in ("A", "B", "C", "D"):
+        return choice, True
+    if choice and choice[-1] in "ABCD":
+        return choice[-1], True
+    for letter in "ABCD":
+        if any(p in choice for p in (f"{letter}.", f"is {letter}", f"is: {letter}", f"{{{letter}}}")):
+            return letter, True
+    return "D", False
 
 
 def correct(item: Item, prediction: Prediction) -> bool | None:
@@ -102,14 +193,14 @@ def correct(item: Item, prediction: Prediction) -> bool | None:
     if item.extra["format"] == "open":
         label = prediction.get("judgement") if isinstance(prediction, Mapping) else None
         return None if label not in JUDGEMENTS else label == "correct"
-    return extract_choice(reply_text(prediction), item.options) == item.answer
+    text = reply_text(prediction)
+    return text is not None and official_choice(text)[0] == item.answer
 
 
 def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[str, Any]:
-    per_question: dict[str, list[str]] = defaultdict(list)  # outcome of each order: correct|commonsense|other|D
+    per_question: dict[str, list[str]] = defaultdict(list)  # outcome of each order
     labels: list[str] = []
-    unjudged = 0
-    unparsed = 0
+    unjudged = unparsed = 0
     for item in items:
         prediction = predictions.get(item.id)
         if item.extra["format"] == "open":
@@ -119,61 +210,80 @@ def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[
             else:
                 unjudged += 1
             continue
-        choice = extract_choice(reply_text(prediction), item.options)
-        if choice is None:
-            unparsed += 1
-            choice = "D"
-        outcome = (
-            "correct"
-            if choice == item.answer
-            else "commonsense"
-            if choice == item.extra["commonsense_letter"]
-            else "not_listed"
-            if choice == "D"
-            else "other"
-        )
+        text = reply_text(prediction)
+        if text is None:
+            outcome = "failed"
+        else:
+            choice, found = official_choice(text)
+            unparsed += not found
+            outcome = (
+                "correct"
+                if choice == item.answer
+                else "commonsense"
+                if choice == item.extra["commonsense_letter"]
+                else "not_listed"
+                if choice == "D"
+                else "other"
+            )
         per_question[item.extra["question_id"]].append(outcome)
     shares = {
         name: [v.count(name) / len(v) for v in per_question.values()]
-        for name in ("correct", "commonsense", "not_listed")
+        for name in ("correct", "commonsense", "not_listed", "failed")
     }
-    n = len(per_question)
+    n, judged = len(per_question), len(labels)
     return {
         "questions": n,
         "mcq_items": sum(len(v) for v in per_question.values()),
         "accuracy": ratio(sum(shares["correct"]), n),
         "hallu_rate": ratio(sum(shares["commonsense"]), n),
-        "not_listed_rate": ratio(sum(shares["not_listed"]), n),
+        "not_listed_rate": ratio(sum(shares["not_listed"]) + sum(shares["failed"]), n),
         "unparsed": unparsed,
-        "open_judged": len(labels),
-        "open_accuracy": ratio(labels.count("correct"), len(labels)),
-        "open_hallu_rate": ratio(labels.count("commonsense_error"), len(labels)),
-        "open_other_error_rate": ratio(labels.count("other_error"), len(labels)),
+        "incomplete_questions": sum(len(v) != len(ORDERS) for v in per_question.values()),
+        "open_judged": judged,
+        "open_accuracy": ratio(labels.count("correct"), judged),
+        "open_hallu_rate": ratio(labels.count("commonsense_error"), judged),
+        "open_other_error_rate": ratio(labels.count("other_error"), judged),
         "open_unjudged": unjudged,
+        "total_accuracy": ratio(sum(shares["correct"]) + labels.count("correct"), n + judged),
+        "total_hallu_rate": ratio(sum(shares["commonsense"]) + labels.count("commonsense_error"), n + judged),
+        "judge_dependent": [
+            "open_accuracy",
+            "open_hallu_rate",
+            "open_other_error_rate",
+            "total_accuracy",
+            "total_hallu_rate",
+        ],  # fmt: skip
     }
 
 
 JUDGE_SYSTEM = (
-    "You grade a model's free-form answer to a question about an image that defies common sense. "
-    "You are given the question, the right answer, and the answer common sense would suggest instead."
+    "You check a model's free-form answer to a question about an image that may defy common sense. You are given "
+    "the right answer and the typical wrong answer (what common sense suggests). Judge only by these two answers "
+    "and the model's reply, not by your own view of the image or your common sense. Text marked with '#' in "
+    "either answer is what a reply must cover to fall in that category. A reply that reaches the right "
+    "conclusion by analysis contradicting the right answer is not correct."
 )
 
 JUDGE_TEMPLATE = """Question: {question}
 Right answer: {correct}
-Commonsense (wrong) answer: {commonsense}
+Typical (commonsense) error: {commonsense}
+
 Model's reply: {reply}
 
-Classify the model's final answer with exactly one label:
-CORRECT - it agrees with the right answer;
-COMMONSENSE_ERROR - it gives the commonsense answer (or something equivalent to it);
-OTHER_ERROR - it is wrong in some other way, or gives no answer.
-Reply with the label only, on a line starting with "Label:"."""
+Give your judgement as <judge>correct</judge>, <judge>typical</judge> (the reply gives the typical error) or
+<judge>wrong</judge> (wrong in another way, or no answer), then a short reason in <explanation></explanation>."""
 
+_JUDGE_TAG = re.compile(r"<judge>\s*(.*?)\s*</judge>", re.I | re.S)
 _LABEL = re.compile(r"\b(CORRECT|COMMONSENSE[_ ]ERROR|OTHER[_ ]ERROR)\b", re.I)
+_OFFICIAL_LABELS = {"correct": "correct", "typical": "commonsense_error", "wrong": "other_error"}
 
 
 def parse_judgement(text: str) -> str | None:
-    """`correct` | `commonsense_error` | `other_error` from the judge's reply (its last label), else None."""
+    """`correct` | `commonsense_error` | `other_error`: the official `<judge>correct|typical|wrong</judge>`
+    (the first tag, as the official script reads it), else a bare label; None when neither is there."""
+    tags = _JUDGE_TAG.findall(text)
+    if tags:
+        return _OFFICIAL_LABELS.get(tags[0].strip().lower())
     found = _LABEL.findall(text)
     return found[-1].lower().replace(" ", "_") if found else None
 
@@ -185,11 +295,11 @@ async def judge(
     *,
     concurrency: int = 4,
 ) -> dict[str, dict[str, Any]]:
-    """The judge's label for every free-form reply: `{id: {"judgement", "judge_reply"}}`.
+    """The judge's label for every free-form reply (the image goes with it, as in the official script):
+    `{id: {"judgement", "judge_reply"}}`. Given several judges, the first one labels. A judge failure
+    leaves the item without a label (`judge_error` says why); it counts as unjudged."""
+    from faithproxy.benchmarks.evaluation.run import image_data_url
 
-    Given several judges, the first one labels. A judge failure leaves the item without a label
-    (`judge_error` says why); it counts as unjudged.
-    """
     if not isinstance(backend, JudgeBackend):
         backend = backend[0]
     limit = asyncio.Semaphore(concurrency)
@@ -199,12 +309,13 @@ async def judge(
         user = JUDGE_TEMPLATE.format(
             question=item.question,
             correct=item.extra["correct_text"],
-            commonsense=item.extra["commonsense_text"],
+            commonsense=item.extra["commonsense_text"] or "(none given)",
             reply=reply.strip() or "(no reply)",
         )
+        images = [parse_image_url(image_data_url(item.image))] if item.image is not None else []
         async with limit:
             try:
-                result = await backend.complete(JUDGE_SYSTEM, user)
+                result = await backend.complete(JUDGE_SYSTEM, user, images)
             except FaithproxyError as exc:
                 return item.id, {"judgement": None, "judge_error": str(exc)}
         return item.id, {"judgement": parse_judgement(result.text), "judge_reply": result.text}

@@ -15,7 +15,9 @@ from faithproxy.benchmarks.evaluation.report import (
     build_report,
     freak_curve,
     option_probabilities,
+    paper_figure,
     regeneration_outcomes,
+    scores_beside,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -95,7 +97,8 @@ def test_report_files_and_numbers(tmp_path: Path) -> None:
         assert (out / name).read_bytes().startswith(PNG_MAGIC) and (out / name).stat().st_size > 2000
     md = (out / "report.md").read_text()
     assert md.startswith("# toy\n")
-    assert "| MMVP | 40.0 (2/5) | 0.0 (0/5) | 50.0 | 100.0 | 2 / 2 | 8.4 → 1.7 | 35.0 → 39.7 |" in md
+    # the paper's MMVP accuracy is pair accuracy: without the runs' scores it is not set beside per-chain accuracy
+    assert "| MMVP | 40.0 (2/5) | 0.0 (0/5) | 50.0 | 100.0 | 2 / 2 | 8.4 → 1.7 | pair accuracy | – | – |" in md
     assert "| judge | 0.0 | 0 / 5 | 100.0 | 2 |" in md and "| prompt | 40.0 | 2 / 5 | 50.0 | 2 |" in md
     assert "| fixed in 1 try | 1 | 50.0 |" in md and "| failed after all tries | 1 | 50.0 |" in md
     assert "| 1 | 0.550 | 0.600 | 2 |" in md
@@ -125,3 +128,27 @@ def test_sections_are_optional(tmp_path: Path) -> None:
     assert "Table 11" not in md and "| none | – | 0 / 0 | – | 1 |" in md
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["detector_swap.png"]
     assert data["files"] == {"table_4": "detector_swap.png"}
+
+
+def test_paper_accuracy_only_beside_a_figure_of_its_definition(tmp_path: Path) -> None:
+    """issue 19: the paper's MMVP 35.0 → 39.7 is pair accuracy (the official grader's only figure), so it
+    goes beside the runs' pair accuracy from scores.json, never beside accuracy per chain."""
+    scores = ({"metrics": {"accuracy": 0.5, "pair_accuracy": 0.25}},
+              {"metrics": {"accuracy": 1.0, "pair_accuracy": 0.5}})  # fmt: skip
+    hb = ({"metrics": {"aAcc": 0.6}}, None)  # the corrected run has no scores: no comparison at all
+    data = build_report(tmp_path, pairs=[("MMVP", VANILLA, CORRECTED), ("HallusionBench", VANILLA, CORRECTED)],
+                        pair_scores=[scores, hb])  # fmt: skip
+    md = (tmp_path / "report.md").read_text()
+    same = "| 40.0 (2/5) | 0.0 (0/5) | 50.0 | 100.0 | 2 / 2 |"  # UPR and per-chain accuracy, as before
+    mmvp = f"| MMVP {same} 8.4 → 1.7 | pair accuracy | 25.0 → 50.0 | 35.0 → 39.7 |"
+    hallusion = f"| HallusionBench {same} 22.0 → 7.9 | aAcc (per question) | – | – |"
+    assert mmvp in md and hallusion in md
+    assert data["table_11"][0]["paper_figure"] == {"definition": "pair accuracy", "vanilla": 0.25, "corrected": 0.5}
+
+
+def test_scores_beside_reads_the_run_folder(tmp_path: Path) -> None:
+    (tmp_path / "scores.json").write_text(json.dumps({"metrics": {"Micro_Average": {"perception_score": 78.5}}}))
+    scores = scores_beside(tmp_path / "chains.jsonl")
+    assert paper_figure("MMEvalPro", scores) == pytest.approx(0.785)  # auto_score.py reports percentages
+    assert scores_beside(tmp_path / "elsewhere" / "chains.jsonl") is None
+    assert paper_figure("unknown-bench", scores) is None
