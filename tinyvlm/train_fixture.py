@@ -1,4 +1,4 @@
-"""Builds and trains the fixture model on CPU: `python -m tinyvlm.train_fixture --out DIR`.
+"""Builds and trains the fixture model on CPU: `python -m faithproxy.tinyvlm.train_fixture --out DIR`.
 
 Tokenizer, config and random weights come from code (no downloads); the model is then trained, with a
 fixed seed and full-batch AdamW, on every example of `tinyvlm.examples` with the loss on the completion
@@ -17,17 +17,16 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from faithproxy.tinyvlm import build, hf_reference
 from faithproxy.tinyvlm import fixture_spec as spec
+from faithproxy.tinyvlm.batching import IGNORE, Batch, chat_batch
 from faithproxy.tinyvlm.examples import Example, all_examples
 from faithproxy.tinyvlm.tokenizer import fixture_tokenizer
 
-IGNORE = -100
 MARGIN = 4.0  # minimum logit gap between each target token and the runner-up before we stop
 CHECK_EVERY = 10
 LR = 3e-3
@@ -37,39 +36,11 @@ MAX_STEPS = 600
 RECIPE_VERSION = 2
 
 
-@dataclass
-class Batch:
-    tensors: dict[str, torch.Tensor]
-    labels: torch.Tensor  # [batch, seq] next-token targets aligned with logits (IGNORE elsewhere)
-
-
 def encode(processor, examples: list[Example]) -> Batch:
     """All examples as one right-padded batch; labels mark the completion and its <|im_end|>."""
-    tok = processor.tokenizer
-    texts = [hf_reference.prompt_text(tok, e.messages) for e in examples]
+    texts = [hf_reference.prompt_text(processor.tokenizer, e.messages) for e in examples]
     images = [spec.load_image(e.fixture) for e in examples]
-    prompts = processor(text=texts, images=images, padding=False)
-    rows, types, targets = [], [], []
-    for i, example in enumerate(examples):
-        prompt_ids = list(prompts["input_ids"][i])
-        target_ids = tok(example.target + tok.eos_token, add_special_tokens=False)["input_ids"]
-        rows.append(prompt_ids + target_ids)
-        types.append(list(prompts["mm_token_type_ids"][i]) + [0] * len(target_ids))
-        targets.append([IGNORE] * (len(prompt_ids) - 1) + target_ids + [IGNORE])
-    width = max(map(len, rows))
-    pad = tok.pad_token_id
-
-    def padded(seqs: list[list[int]], value: int) -> torch.Tensor:
-        return torch.tensor([s + [value] * (width - len(s)) for s in seqs], dtype=torch.long)
-
-    tensors = {
-        "input_ids": padded(rows, pad),
-        "attention_mask": padded([[1] * len(r) for r in rows], 0),
-        "mm_token_type_ids": padded(types, 0),
-        "pixel_values": torch.as_tensor(prompts["pixel_values"]),
-        "image_grid_thw": torch.as_tensor(prompts["image_grid_thw"]),
-    }
-    return Batch(tensors, padded(targets, IGNORE))
+    return chat_batch(processor, texts, images, [e.target for e in examples])
 
 
 def bucketed(processor, examples: list[Example], ratio: float = 1.25) -> list[Batch]:

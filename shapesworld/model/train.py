@@ -1,7 +1,7 @@
 """Trains the ShapesWorld model from scratch on CPU, checkpoints it, and picks the final one.
 
-    python -m shapesworld.model.train --out var/sw-train --minutes 70 --seed 0
-    python -m shapesworld.model.train --out var/sw-smoke --smoke          # CI: well under 2 minutes
+    python -m faithproxy.shapesworld.model.train --out var/sw-train --minutes 70 --seed 0
+    python -m faithproxy.shapesworld.model.train --out var/sw-smoke --smoke          # CI: well under 2 minutes
 
 Everything is seeded: the tokenizer's corpus, the initial weights, and the data stream (task of each
 step from a fixed cycle, samples from `corpus.stream`), so the weights after step S are a function of
@@ -69,8 +69,8 @@ from faithproxy.shapesworld.model.probe import CellProbe, PositionProbe, VisionT
 from faithproxy.shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
 from faithproxy.shapesworld.scenes import DEFAULT_SIZE, render
 from faithproxy.tinyvlm import build
+from faithproxy.tinyvlm.batching import IGNORE, Batch, chat_batch
 from faithproxy.tinyvlm.hf_reference import prompt_text
-from faithproxy.tinyvlm.train_fixture import IGNORE, Batch
 
 BAND = (0.05, 0.30)  # the target perception error rate
 # The task of each step, cycled: 70% generator, 15% regeneration, 15% self-check. One task per
@@ -209,29 +209,8 @@ def reply_before(labels: torch.Tensor, token_id: int) -> torch.Tensor:
 
 def encode(processor: Any, samples: Sequence[Sample]) -> Batch:
     """Samples as one right-padded batch; labels mark the reply and its end-of-message token."""
-    tok = processor.tokenizer
-    texts = [prompt_text(tok, [user_message(s.text)]) for s in samples]
-    prompts = processor(text=texts, images=[s.image() for s in samples], padding=False)
-    rows, types, targets = [], [], []
-    for i, sample in enumerate(samples):
-        prompt_ids = list(prompts["input_ids"][i])
-        target_ids = tok(sample.target + tok.eos_token, add_special_tokens=False)["input_ids"]
-        rows.append(prompt_ids + target_ids)
-        types.append(list(prompts["mm_token_type_ids"][i]) + [0] * len(target_ids))
-        targets.append([IGNORE] * (len(prompt_ids) - 1) + target_ids + [IGNORE])
-    width = max(map(len, rows))
-
-    def padded(seqs: list[list[int]], value: int) -> torch.Tensor:
-        return torch.tensor([s + [value] * (width - len(s)) for s in seqs], dtype=torch.long)
-
-    tensors = {
-        "input_ids": padded(rows, tok.pad_token_id),
-        "attention_mask": padded([[1] * len(r) for r in rows], 0),
-        "mm_token_type_ids": padded(types, 0),
-        "pixel_values": torch.as_tensor(prompts["pixel_values"]),
-        "image_grid_thw": torch.as_tensor(prompts["image_grid_thw"]),
-    }
-    return Batch(tensors, padded(targets, IGNORE))
+    texts = [prompt_text(processor.tokenizer, [user_message(s.text)]) for s in samples]
+    return chat_batch(processor, texts, [s.image() for s in samples], [s.target for s in samples])
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -332,6 +311,7 @@ DIGEST_SOURCES = (
     "shapesworld/model/train.py",
     "tinyvlm/tokenizer.py",
     "tinyvlm/build.py",
+    "tinyvlm/batching.py",
     "regenerators/prompts.py",
     "detectors/self_check_prompt.py",
 )
@@ -703,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_steps=args.checkpoint_steps,
         threads=args.threads,
         resume=args.resume,
-        command="python -m shapesworld.model.train " + " ".join(sys.argv[1:] if argv is None else argv),
+        command="python -m faithproxy.shapesworld.model.train " + " ".join(sys.argv[1:] if argv is None else argv),
     )
     if args.smoke:
         opts = replace(
