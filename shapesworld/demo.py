@@ -21,48 +21,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 DEMO_FIXTURES = ("red_circle", "green_circle", "blue_square")
 SHAPESWORLD_QUESTIONS = 5  # held-out items 0..4: one question of each type
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become healthy in {timeout:.0f}s; see {log}")
-
-
-def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        cmd,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 def _print_stream(
@@ -138,7 +101,8 @@ def run_demo(
     from openai import OpenAI
 
     from faithproxy.tinyvlm import fixture_spec as spec
-    from faithproxy.tinyvlm.serve import free_port, start_vllm
+    from faithproxy.tinyvlm.processes import Child, free_port, spawn, stop_all
+    from faithproxy.tinyvlm.serve import start_vllm
 
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -163,23 +127,14 @@ def run_demo(
         judge_args = ["--oracle", str(oracle)]
         asked = _fixture_questions()
         proxy_env = {"FAITHPROXY_REGENERATION_TEMPERATURE": "0"}  # the fixture model's fixes are greedy
-    started: list[Any] = []
+    started: list[Child] = []
     try:
         print("[demo] starting vLLM on CPU ...", flush=True)
         vllm = start_vllm(model_dir, log_path=work / "vllm.log")
-        started.append(vllm)
+        started.append(vllm.child)
         judge_port, proxy_port = free_port(), free_port()
-        judge = _start(
-            [
-                sys.executable,
-                "-m",
-                "faithproxy.benchmarks.standins.judge_server",
-                "--port",
-                str(judge_port),
-                *judge_args,
-            ],
-            work / "judge.log",
-        )
+        judge_argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(judge_port)]
+        judge = spawn([*judge_argv, *judge_args], work / "judge.log", name="judge")
         started.append(judge)
         judges = [
             {
@@ -190,7 +145,7 @@ def run_demo(
                 "api_key": "local",
             }
         ]
-        proxy = _start(
+        proxy = spawn(
             [
                 sys.executable,
                 "-m",
@@ -206,11 +161,13 @@ def run_demo(
                 "warning",
             ],
             work / "proxy.log",
-            env={"FAITHPROXY_JUDGES": json.dumps(judges), **proxy_env},
+            name="faithproxy",
+            env={**os.environ, "FAITHPROXY_JUDGES": json.dumps(judges), **proxy_env},
         )
         started.append(proxy)
-        _wait_healthy(f"http://127.0.0.1:{judge_port}/_stats", judge, 60, work / "judge.log")
-        _wait_healthy(f"http://127.0.0.1:{proxy_port}/readyz", proxy, 60, work / "proxy.log")
+        # Both started before either is waited for, so they come up side by side.
+        judge.wait_healthy(f"http://127.0.0.1:{judge_port}/_stats", 60)
+        proxy.wait_healthy(f"http://127.0.0.1:{proxy_port}/readyz", 60)
         print(f"[demo] vLLM {vllm.base_url}  judge :{judge_port}  faithproxy http://127.0.0.1:{proxy_port}/v1")
         client = OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="demo")
         totals = {"perception_steps": 0, "unfaithful_detected": 0, "residual": 0}
@@ -232,11 +189,7 @@ def run_demo(
     except KeyboardInterrupt:
         return 130
     finally:
-        for process in reversed(started):
-            if hasattr(process, "stop"):
-                process.stop()
-            else:
-                _stop(process)
+        stop_all(started)
 
 
 def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -2,23 +2,23 @@
 
 The flags are the ones measured to work on small CPU machines: KV cache in whole GiB, the engine in
 the server process (no multiprocessing), eager mode and the single-process executor; together they
-start in about half a minute and hold about 3 GiB. The server runs in its own process group so that
-`stop()` also ends anything it spawned.
+start in about half a minute and hold about 3 GiB. Starting, waiting for /health and stopping are
+`tinyvlm.processes`'s, so `stop()` also ends anything the server spawned.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from faithproxy.tinyvlm import processes
+from faithproxy.tinyvlm.processes import Child, ChildStartError, free_port
+
+__all__ = ["SERVED_MODEL_NAME", "VLLMServer", "VLLMStartError", "free_port", "start_vllm", "vllm_command"]
 
 SERVED_MODEL_NAME = "fixture-vlm"
 
@@ -27,12 +27,6 @@ CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vllm_command(model_dir: Path, port: int, served_model_name: str, extra_args: list[str]) -> list[str]:
@@ -69,19 +63,25 @@ def vllm_command(model_dir: Path, port: int, served_model_name: str, extra_args:
     ]
 
 
-class VLLMStartError(RuntimeError):
-    """vLLM exited or did not become healthy in time; the message ends with its log."""
+# What `start_vllm` raises when vLLM exits or does not become healthy in time (the message ends with its log).
+VLLMStartError = ChildStartError
 
 
 @dataclass
 class VLLMServer:
     """A running vLLM server; `stop()` ends its whole process group."""
 
-    process: subprocess.Popen
+    child: Child
     port: int
     model: str
-    log_path: Path
-    _log_file: object = field(repr=False, default=None)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
+    @property
+    def log_path(self) -> Path:
+        return self.child.log_path
 
     @property
     def base_url(self) -> str:
@@ -92,28 +92,10 @@ class VLLMServer:
         return self.base_url + "/v1"
 
     def log_tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return self.child.log_tail(chars)
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM to the server (it shuts its engine down itself), then SIGKILL to whatever is left."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group id is the server's pid
-        except ProcessLookupError:
-            pass
-        if self.process.poll() is None:
-            self.process.wait(5)
-        if self._log_file is not None:
-            self._log_file.close()  # type: ignore[attr-defined]
-            self._log_file = None
+    def stop(self) -> None:
+        self.child.stop()
 
     def __enter__(self) -> VLLMServer:
         return self
@@ -141,33 +123,14 @@ def start_vllm(
         fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
         os.close(fd)
         log_path = name
-    log_path = Path(log_path)
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(
+    child = processes.start(
         vllm_command(Path(model_dir), port, served_model_name, list(extra_args or [])),
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
+        log_path,
+        f"http://127.0.0.1:{port}/health",
+        name="vLLM",
+        timeout_s=health_timeout,
         env={**os.environ, **CPU_ENV, **(env or {})},
-        start_new_session=True,
+        grace_s=20.0,  # on SIGTERM vLLM shuts its engine down itself, which takes a while
+        poll_s=1.0,
     )
-    server = VLLMServer(process, port, served_model_name, log_path, log_file)
-    deadline = time.monotonic() + health_timeout
-    while True:
-        if process.poll() is not None:
-            server.stop()
-            raise VLLMStartError(f"vLLM exited with {process.returncode}; log {log_path}:\n{server.log_tail()}")
-        if _healthy(server.base_url):
-            return server
-        if time.monotonic() > deadline:
-            server.stop()
-            raise VLLMStartError(f"vLLM not healthy after {health_timeout:.0f}s; log {log_path}:\n{server.log_tail()}")
-        time.sleep(1.0)
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(base_url + "/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return VLLMServer(child, port, served_model_name)

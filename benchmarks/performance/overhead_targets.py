@@ -12,18 +12,15 @@ database, no callbacks, spend and error logs off, ERROR logging, the bundled mod
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from faithproxy.tinyvlm.processes import Child, ChildExited, free_port, spawn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repo (benchmarks/performance/ is two levels down)
 LITELLM_BIN = ROOT / ".venv-litellm" / "bin" / "litellm"
 MASTER_KEY = "sk-bench"  # LiteLLM refuses to start without one; every target gets the same header
 MODEL = "fake"
@@ -36,20 +33,16 @@ class Target:
 
     name: str
     base_url: str
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
+    child: Child | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return None if self.child is None else self.child.process
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        # A new session: stopping it later signals the whole group (LiteLLM may fork helpers).
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> Child:
+    # Its own process group: stopping it signals the whole group (LiteLLM may fork helpers).
+    return spawn(argv, log, name=name, env=env, cwd=ROOT)
 
 
 def _base_env() -> dict[str, str]:
@@ -72,7 +65,7 @@ def start_upstream(workdir: Path, chunks: int) -> Target:
         "--chunks",
         str(chunks),
     ]
-    return Target("direct", f"http://127.0.0.1:{port}", _spawn(argv, _base_env(), log), log)
+    return Target("direct", f"http://127.0.0.1:{port}", _spawn("upstream", argv, _base_env(), log))
 
 
 def start_faithproxy(workdir: Path, upstream: str, max_concurrent: int) -> Target:
@@ -87,7 +80,7 @@ def start_faithproxy(workdir: Path, upstream: str, max_concurrent: int) -> Targe
     head = [str(exe)] if exe.exists() else [sys.executable, "-m", "faithproxy.cli"]
     argv = head + ["serve", "--upstream", upstream, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--log-level", "warning"]
-    return Target("faithproxy", f"http://127.0.0.1:{port}", _spawn(argv, env, log), log)
+    return Target("faithproxy", f"http://127.0.0.1:{port}", _spawn("faithproxy", argv, env, log))
 
 
 def litellm_available() -> bool:
@@ -123,11 +116,7 @@ def start_litellm(workdir: Path, upstream: str) -> Target:
     }
     argv = [str(LITELLM_BIN), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--num_workers", "1"]
-    return Target("litellm", f"http://127.0.0.1:{port}", _spawn(argv, env, log), log)
-
-
-class TargetExited(RuntimeError):
-    """The process ended before it answered (e.g. its port was taken between picking and binding)."""
+    return Target("litellm", f"http://127.0.0.1:{port}", _spawn("litellm", argv, env, log))
 
 
 def start_ready(start: Callable[[], Target], path: str, timeout_s: float, tries: int = 3) -> Target:
@@ -136,44 +125,16 @@ def start_ready(start: Callable[[], Target], path: str, timeout_s: float, tries:
     for attempt in range(tries):
         target = start()
         try:
-            wait_ready(target, path, timeout_s)
+            if target.child is not None:
+                target.child.wait_healthy(target.base_url + path, timeout_s)
             return target
         except BaseException as exc:
             stop(target)
-            if not isinstance(exc, TargetExited) or attempt == tries - 1:
+            if not isinstance(exc, ChildExited) or attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def wait_ready(target: Target, path: str, timeout_s: float) -> None:
-    """Polls `path` until it answers 200; raises with the log's tail if the process dies or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            if target.proc is not None and target.proc.poll() is not None:
-                raise TargetExited(f"{target.name} exited with {target.proc.returncode}:\n{_tail(target.log)}")
-            try:
-                if client.get(target.base_url + path).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-    raise RuntimeError(f"{target.name} not ready after {timeout_s:.0f} s:\n{_tail(target.log)}")
-
-
 def stop(target: Target) -> None:
-    proc = target.proc
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-
-
-def _tail(log: Path | None, n: int = 30) -> str:
-    if log is None or not log.exists():
-        return ""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    if target.child is not None:
+        target.child.stop()

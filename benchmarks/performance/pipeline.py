@@ -7,7 +7,7 @@ measured decode time of one step; two `faithproxy serve` processes run the same 
 Configurations are interleaved request by request, so machine noise hits them alike; figures are
 ratios to the unverified proxy (X-Faithproxy-Mode: off) measured in the same run.
 
-    .venv/bin/python -m benchmarks.pipeline --rounds 10
+    .venv/bin/python -m faithproxy.benchmarks.performance.pipeline --rounds 10
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import httpx
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.tinyvlm import processes
 
 CLEAN = ("green_circle", "yellow_triangle")  # chains with no unfaithful step
 PLANTED = ("red_circle", "square_and_circle")  # one planted step each, fixed in one try
@@ -116,7 +116,7 @@ async def step_decode_time(http: httpx.AsyncClient, vllm_url: str, model: str) -
     return statistics.median(samples)
 
 
-def _serve(port: int, upstream: str, judge_url: str, pipelined: bool, log: Path) -> subprocess.Popen[bytes]:
+def _serve(name: str, port: int, upstream: str, judge_url: str, pipelined: bool, log: Path) -> processes.Child:
     judges = [
         {
             "name": "bench",
@@ -133,41 +133,18 @@ def _serve(port: int, upstream: str, judge_url: str, pipelined: bool, log: Path)
         "FAITHPROXY_PIPELINED": str(pipelined).lower(),
         "FAITHPROXY_REGENERATION_TEMPERATURE": "0",
     }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "faithproxy.cli",
-            "serve",
-            "--upstream",
-            upstream,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--upstream", upstream, "--port", str(port)]
+    return processes.spawn([*argv, "--log-level", "warning"], log, name=name, env=env)
 
 
-async def _wait_ready(http: httpx.AsyncClient, url: str, wait_s: float = 60) -> None:
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            if (await http.get(f"{url}/readyz")).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.3)
-    raise RuntimeError(f"{url} not ready")
+async def _wait_ready(child: processes.Child, url: str, wait_s: float = 60) -> None:
+    # The wait polls with blocking calls: off the event loop, which serves the in-process judge meanwhile.
+    await asyncio.to_thread(child.wait_healthy, f"{url}/readyz", wait_s)
 
 
 async def run(vllm_url: str, model: str, rounds: int, judge_latency: float | None) -> dict[str, Any]:
     from faithproxy.tinyvlm import fixture_spec as spec
-    from faithproxy.tinyvlm.serve import free_port
+    from faithproxy.tinyvlm.processes import free_port
 
     judge_app = create_judge_app(spec.oracle_json())
     logs = Path(tempfile.mkdtemp(prefix="fp-bench-"))
@@ -178,13 +155,12 @@ async def run(vllm_url: str, model: str, rounds: int, judge_latency: float | Non
         step_s = await step_decode_time(http, vllm_url, model)
         judge_app.state.judge.latency_s = step_s if judge_latency is None else judge_latency
         ports = free_port(), free_port()
-        procs = [
-            _serve(ports[0], vllm_url, judge_url, True, logs / "pipelined.log"),
-            _serve(ports[1], vllm_url, judge_url, False, logs / "sequential.log"),
-        ]
+        procs: list[processes.Child] = []
         try:
-            for port in ports:
-                await _wait_ready(http, f"http://127.0.0.1:{port}")
+            procs.append(_serve("pipelined faithproxy", ports[0], vllm_url, judge_url, True, logs / "pipelined.log"))
+            procs.append(_serve("sequential faithproxy", ports[1], vllm_url, judge_url, False, logs / "sequential.log"))
+            for proc, port in zip(procs, ports, strict=True):
+                await _wait_ready(proc, f"http://127.0.0.1:{port}")
             pipelined, sequential = (f"http://127.0.0.1:{p}" for p in ports)
             configs = [
                 Config("unverified (mode off)", pipelined, {"X-Faithproxy-Mode": "off"}),
@@ -200,9 +176,7 @@ async def run(vllm_url: str, model: str, rounds: int, judge_latency: float | Non
                     for config in configs:
                         results.append(await timed_stream(http, config, model, fixture))
         finally:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(10)
+            processes.stop_all(procs)
     return report(results, step_s, judge_app.state.judge.latency_s, rounds)
 
 

@@ -3,26 +3,27 @@
 `render_config` keeps deploy/prometheus/prometheus.yml as it is (jobs, paths, rule files) and changes
 only what a test must: the scrape and evaluation intervals, static 127.0.0.1 targets in place of the
 compose DNS discovery, and absolute rule-file paths. `start_prometheus` runs it on a free 127.0.0.1
-port with a temporary data directory; `stop()` ends it.
+port with a temporary data directory (started, awaited and stopped by `tinyvlm.processes`); `stop()`
+ends it.
 """
 
 from __future__ import annotations
 
-import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from faithproxy.tinyvlm.serve import free_port
+from faithproxy.tinyvlm import processes
+from faithproxy.tinyvlm.processes import free_port
 from tests.deploy import assets
 
 
 class PrometheusError(RuntimeError):
-    """Prometheus did not start, or answered a query with an error."""
+    """Prometheus answered a query with an error (one that does not start raises ChildStartError)."""
 
 
 def render_config(targets: dict[str, str], interval: str = "1s") -> str:
@@ -44,21 +45,16 @@ def render_config(targets: dict[str, str], interval: str = "1s") -> str:
 
 @dataclass
 class PrometheusServer:
-    process: subprocess.Popen[bytes]
+    child: processes.Child
     port: int
-    log_path: Path
     started_at: float  # time.time() when the process was started
-    _log: Any = field(repr=False, default=None)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return self.child.log_tail(chars)
 
     async def api(self, path: str, **params: str) -> Any:
         """GET /api/v1/{path}; the `data` of a success, PrometheusError with Prometheus's message else."""
@@ -78,17 +74,8 @@ class PrometheusServer:
             return [{"metric": {}, "value": data["result"]}]
         raise PrometheusError(f"{expr}: unexpected result type {data['resultType']}")
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+    def stop(self) -> None:
+        self.child.stop()
 
 
 def start_prometheus(binary: str, config: str, workdir: Path, ready_timeout: float = 60.0) -> PrometheusServer:
@@ -96,9 +83,8 @@ def start_prometheus(binary: str, config: str, workdir: Path, ready_timeout: flo
     config_path = workdir / "prometheus.yml"
     config_path.write_text(config)
     port = free_port()
-    log_path = workdir / "prometheus.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
+    started_at = time.time()
+    child = processes.start(
         [
             binary,
             f"--config.file={config_path}",
@@ -106,22 +92,9 @@ def start_prometheus(binary: str, config: str, workdir: Path, ready_timeout: flo
             f"--web.listen-address=127.0.0.1:{port}",
             "--storage.tsdb.retention.time=1h",
         ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
+        workdir / "prometheus.log",
+        f"http://127.0.0.1:{port}/-/ready",
+        name="prometheus",
+        timeout_s=ready_timeout,
     )
-    server = PrometheusServer(process, port, log_path, time.time(), log)
-    deadline = time.monotonic() + ready_timeout
-    while True:
-        if process.poll() is not None:
-            server.stop()
-            raise PrometheusError(f"prometheus exited with {process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/-/ready", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            server.stop()
-            raise PrometheusError(f"prometheus not ready after {ready_timeout:.0f}s:\n{server.log_tail()}")
-        time.sleep(0.2)
+    return PrometheusServer(child, port, started_at)

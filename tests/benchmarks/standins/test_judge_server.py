@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +14,8 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import Oracle, create_app, running_judge_server
 from faithproxy.detectors.judge_prompt import build_judge_prompt, parse_judge_reply
 from faithproxy.faithcore.types import StepKind
+from faithproxy.tinyvlm import processes
+from faithproxy.tinyvlm.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE = {"unfaithful": ["The cat is green."], "reasoning": ["The cat is likely hungry."], "description": "A cat."}
@@ -145,16 +145,10 @@ async def test_hang_is_released_when_the_server_stops() -> None:
     assert time.perf_counter() - started < 30  # a bound, not a benchmark: shutdown must not wait 300 s
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_command_line(tmp_path: Path) -> None:
     oracle = tmp_path / "oracle.json"
     oracle.write_text(json.dumps(ORACLE), encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable,
         "-m",
@@ -164,27 +158,16 @@ def test_command_line(tmp_path: Path) -> None:
         "--oracle",
         str(oracle),
     ]
-    log = (tmp_path / "server.log").open("wb")
-    process = subprocess.Popen([*command, "--latency-s", "0.01"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{url}/_stats", timeout=1)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, (tmp_path / "server.log").read_text()
-                assert time.monotonic() < deadline, "judge server did not start"
-                time.sleep(0.1)
+    url = f"http://127.0.0.1:{port}"
+    # start() fails with the server's log if it exits or /_stats does not answer within 30 s
+    with processes.start(
+        [*command, "--latency-s", "0.01"],
+        tmp_path / "server.log",
+        f"{url}/_stats",
+        name="judge server",
+        timeout_s=30,
+        cwd=ROOT,
+    ):
         reply = httpx.post(f"{url}/v1/chat/completions", json=openai_body(PROMPT), timeout=5).json()
         assert "[Faithfulness]: UNFAITHFUL" in reply["choices"][0]["message"]["content"]
         assert httpx.get(f"{url}/_stats", timeout=5).json()["requests"] == 1
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
