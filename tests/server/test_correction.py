@@ -1,0 +1,675 @@
+"""The correction core (server/correction.py), transition by transition, without asyncio.
+
+Each case is a script: groups of events fed to the core (reader items, check and regeneration results);
+before each group and at the end, every action the core has for us is taken and written down as a short
+line. A case states the lines it expects and the outcome of every step the client received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.errors import DetectorError, RegenerationError, UpstreamError
+from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
+from faithproxy.server.correction import (
+    WAIT,
+    Check,
+    Checked,
+    CorrectionCore,
+    DropRound,
+    EmitEnd,
+    EmitExtra,
+    EmitText,
+    EmitVerdicts,
+    Event,
+    Fail,
+    Regenerate,
+    Regenerated,
+    Rules,
+    StartRound,
+    Tried,
+)
+from faithproxy.server.reader import ExtraDelta, RoundEnd, RoundFailed, TextDelta, TrailingRaw
+
+P, R = StepKind.PERCEPTION, StepKind.REASONING
+CONTENT, REASONING = Channel.CONTENT, Channel.REASONING
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+def p(text: str, channel: Channel = CONTENT) -> Step:
+    """A perception step as the reader cuts it (its raw text has the space before it)."""
+    return Step(index=0, text=text, raw=" " + text, channel=channel, kind=P)
+
+
+def r(text: str, channel: Channel = CONTENT) -> Step:
+    return Step(index=0, text=text, raw=" " + text, channel=channel, kind=R)
+
+
+def delta(text: str, channel: Channel = CONTENT, name: str = "content") -> TextDelta:
+    return TextDelta(channel, name, text)
+
+
+def end(reason: str = "stop", completion_tokens: int = 10) -> RoundEnd:
+    return RoundEnd(reason, {"prompt_tokens": 5, "completion_tokens": completion_tokens}, {"id": "upstream-1"})
+
+
+def broke() -> RoundFailed:
+    return RoundFailed(UpstreamError("upstream stream broke", code="stream_broken"))
+
+
+_FAITHFULNESS = {"F": Faithfulness.FAITHFUL, "U": Faithfulness.UNFAITHFUL, "N": Faithfulness.UNKNOWN}
+
+
+def verdicts(letters: str) -> Checked:
+    """One verdict per letter: F faithful, U unfaithful, N unknown."""
+    return Checked([Verdict(_FAITHFULNESS[c], "d") for c in letters])
+
+
+def detector_down() -> Checked:
+    return Checked(error=DetectorError("judge timed out", code="timeout"))
+
+
+def rewrite(text: str) -> Regenerated:
+    return Regenerated(text)
+
+
+UNPARSEABLE = Regenerated(None)
+
+
+def regeneration_down() -> Regenerated:
+    return Regenerated(error=RegenerationError("regenerator down"))
+
+
+# ---- playing a script --------------------------------------------------------------------------
+
+
+def line(action: Any) -> str:
+    """An action as one short line."""
+    if isinstance(action, StartRound):
+        if action.accepted is None:
+            return "start"
+        parts = [f"{c.value}={t!r}" for c, t in action.accepted.items() if t]
+        if action.max_tokens is not None:
+            parts.append(f"max={action.max_tokens}")
+        return " ".join(["continue", *parts])
+    if isinstance(action, DropRound):
+        return "drop"
+    if isinstance(action, Check):
+        return ("recheck " if action.candidate else "check ") + " | ".join(s.text for s in action.steps)
+    if isinstance(action, Regenerate):
+        return f"regenerate {action.step.text} #{action.attempt}"
+    if isinstance(action, Tried):
+        return f"tried #{action.attempt} {action.outcome}"
+    if isinstance(action, EmitText):
+        where = "" if action.field == "content" else f"[{action.field}]"
+        return f"step{where} {action.step.text}" if action.step else f"text{where} {action.text!r}"
+    if isinstance(action, EmitExtra):
+        return f"extra {action.delta}"
+    if isinstance(action, EmitVerdicts):
+        return "verdicts " + " | ".join(s.text for s in action.steps)
+    if isinstance(action, EmitEnd):
+        return f"end {action.finish_reason}"
+    assert isinstance(action, Fail)
+    return f"fail {type(action.error).__name__}"
+
+
+def outcome(step: Step) -> str:
+    """A step's outcome: verdict of its original text / final verdict, then what happened to it."""
+    detected = step.first_verdict.faithfulness.value if step.first_verdict else "none"
+    final = step.verdict.faithfulness.value if step.verdict else "none"
+    parts = [f"{detected}/{final}"]
+    if step.original_text is not None:
+        parts.append(f"fixed@{step.attempts}")
+    elif step.attempts:
+        parts.append(f"tries={step.attempts}")
+    if step.residual:
+        parts.append(f"residual:{step.residual_reason}")
+    if step.unchecked_reason:
+        parts.append(f"unchecked:{step.unchecked_reason}")
+    return " ".join(parts)
+
+
+def context() -> ChainContext:
+    return ChainContext("r1", "m", [{"role": "user", "content": "q"}], "q", [])
+
+
+@dataclass
+class Played:
+    lines: list[str]
+    core: CorrectionCore
+    over: bool
+
+
+def play(script: list[Event | tuple[Event, ...]], **rules: Any) -> Played:
+    core = CorrectionCore(Rules(**{"mode": "correct", "detector": "d", **rules}), context())
+    lines: list[str] = []
+    over = False
+
+    def take() -> None:
+        nonlocal over
+        while not over and (action := core.next_action()) is not WAIT:
+            lines.append(line(action))
+            over = isinstance(action, EmitEnd | Fail)
+
+    for group in script:
+        take()
+        for event in group if isinstance(group, tuple) else (group,):
+            core.receive(event)
+    take()
+    return Played(lines, core, over)
+
+
+@dataclass
+class Case:
+    id: str
+    script: list[Event | tuple[Event, ...]]
+    lines: list[str]
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (text, outcome) of each emitted step
+    rules: dict[str, Any] = field(default_factory=dict)
+
+    def param(self) -> Any:
+        return pytest.param(self, id=self.id)
+
+
+# ---- correct mode ------------------------------------------------------------------------------
+
+_FAILED_TRY = {
+    "still_unfaithful": lambda i: [rewrite(f"Try {i}."), verdicts("U")],
+    "unparseable": lambda i: [UNPARSEABLE],
+    "error": lambda i: [regeneration_down()],
+}
+
+
+def _try_lines(i: int, how: str) -> list[str]:
+    return ([f"recheck Try {i}."] if how == "still_unfaithful" else []) + [f"tried #{i} {how}"]
+
+
+def fixed_at(k: int) -> Case:
+    """The flagged step is fixed at try k; tries before fail each its own way."""
+    failures = [list(_FAILED_TRY)[i % 3] for i in range(k - 1)]
+    script: list[Any] = [(p("One circle."), p("It is blue."), r("So B."))]
+    script.append(verdicts("FUN"))
+    lines = ["start", "check One circle. | It is blue. | So B.", "step One circle.", "drop"]
+    for i, how in enumerate(failures, start=1):
+        lines.append(f"regenerate It is blue. #{i}")
+        script += _FAILED_TRY[how](i)
+        lines += _try_lines(i, how)
+    script += [rewrite("It is red."), verdicts("F"), (r("So A."), end())]
+    lines += [
+        f"regenerate It is blue. #{k}",
+        "recheck It is red.",
+        f"tried #{k} fixed",
+        "step It is red.",
+        "continue content=' One circle. It is red.'",
+        "step So A.",  # reasoning, and this detector only looks at perception: no call
+        "end stop",
+    ]
+    steps = [("One circle.", "faithful/faithful"), ("It is red.", f"unfaithful/faithful fixed@{k}")]
+    return Case(f"fixed-at-try-{k}", script, lines, steps + [("So A.", "none/none")])
+
+
+def residual_after(k: int) -> Case:
+    """K tries fail: the ORIGINAL step is kept, residual, and decoding continues after it."""
+    script: list[Any] = [(p("It is blue."),), verdicts("U")]
+    lines = ["start", "check It is blue.", "drop"]
+    for i in range(1, k + 1):
+        how = "still_unfaithful" if i == 1 else "unparseable"
+        lines.append(f"regenerate It is blue. #{i}")
+        script += _FAILED_TRY[how](i)
+        lines += _try_lines(i, how)
+    script += [end()]
+    lines += ["step It is blue.", "continue content=' It is blue.'", "end stop"]
+    steps = [("It is blue.", f"unfaithful/unfaithful tries={k} residual:regeneration_failed")]
+    return Case(f"residual-after-{k}-tries", script, lines, steps, {"max_retries": k})
+
+
+CORRECT = [
+    Case(
+        "faithful",
+        [(p("One circle."), r("So A."), end()), verdicts("FF")],
+        ["start", "check One circle. | So A.", "step One circle.", "step So A.", "end stop"],
+        [("One circle.", "faithful/faithful"), ("So A.", "faithful/faithful")],
+    ),
+    *(fixed_at(k) for k in (1, 2, 3)),
+    residual_after(1),
+    residual_after(3),
+    Case(
+        "regeneration-budget-spent-mid-correction-then-before-any-try",
+        [
+            (p("It is blue."),),
+            verdicts("U"),
+            rewrite("Try 1."),
+            verdicts("U"),
+            (p("It is big."), end()),
+            verdicts("U"),
+        ],
+        [
+            "start",
+            "check It is blue.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck Try 1.",
+            "tried #1 still_unfaithful",
+            "step It is blue.",
+            "continue content=' It is blue.'",
+            "check It is big.",
+            "step It is big.",
+            "end stop",
+        ],
+        [
+            ("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed"),
+            ("It is big.", "unfaithful/unfaithful residual:not_corrected"),
+        ],
+        {"max_regenerations": 1},
+    ),
+    Case(
+        "no-retries-not-corrected",
+        [(p("It is blue."), p("It is big."), end()), verdicts("UU")],
+        ["start", "check It is blue. | It is big.", "step It is blue.", "step It is big.", "end stop"],
+        [
+            ("It is blue.", "unfaithful/unfaithful residual:not_corrected"),
+            ("It is big.", "unfaithful/unfaithful residual:not_corrected"),
+        ],
+        {"max_retries": 0},
+    ),
+    Case(
+        "detector-error-pass-first-check",
+        [(p("One circle."), r("So A."), end()), detector_down()],
+        ["start", "check One circle. | So A.", "step One circle.", "step So A.", "end stop"],
+        [
+            ("One circle.", "unknown/unknown residual:unchecked unchecked:detector_error"),
+            ("So A.", "unknown/unknown unchecked:detector_error"),
+        ],
+    ),
+    Case(
+        "detector-error-fail-first-check",
+        [(p("One circle."), end()), detector_down()],
+        ["start", "check One circle.", "fail DetectorError"],
+        [],
+        {"on_detector_error": "fail"},
+    ),
+    Case(
+        "detector-error-pass-recheck",
+        [(p("It is blue."),), verdicts("U"), rewrite("It is red."), detector_down(), end()],
+        [
+            "start",
+            "check It is blue.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is red.",
+            "tried #1 fixed",
+            "step It is red.",
+            "continue content=' It is red.'",
+            "end stop",
+        ],
+        [("It is red.", "unfaithful/unknown fixed@1 residual:unchecked unchecked:detector_error")],
+    ),
+    Case(
+        "detector-error-fail-recheck",
+        [(p("One circle."), p("It is blue.")), verdicts("FU"), rewrite("It is red."), detector_down()],
+        [
+            "start",
+            "check One circle. | It is blue.",
+            "step One circle.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is red.",
+            "fail DetectorError",
+        ],
+        [("One circle.", "faithful/faithful")],
+        {"on_detector_error": "fail"},
+    ),
+    Case(
+        "detector-bug-fails-even-under-pass",
+        [(p("One circle."), end()), Checked(error=ValueError("bug"))],
+        ["start", "check One circle.", "fail ValueError"],
+    ),
+    Case(
+        "unknown-recheck-is-unchecked",
+        [(p("It is blue."),), verdicts("U"), rewrite("It is red."), verdicts("N"), end()],
+        [
+            "start",
+            "check It is blue.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is red.",
+            "tried #1 fixed",
+            "step It is red.",
+            "continue content=' It is red.'",
+            "end stop",
+        ],
+        [("It is red.", "unfaithful/unknown fixed@1 residual:unchecked unchecked:detector_error")],
+    ),
+    Case(
+        "detector-none-passes-unchecked",
+        [(p("One circle."), r("So A."), end()), verdicts("NN")],
+        ["start", "check One circle. | So A.", "step One circle.", "step So A.", "end stop"],
+        [
+            ("One circle.", "unknown/unknown residual:unchecked unchecked:detector_none"),
+            ("So A.", "unknown/unknown"),
+        ],
+        {"detector_checks": False},
+    ),
+    Case(
+        "detector-types-a-reasoning-step-as-perception",
+        [(r("The car is blue."), end()), Checked([Verdict(Faithfulness.UNFAITHFUL, "d", kind=P)])],
+        ["start", "check The car is blue.", "step The car is blue.", "end stop"],
+        [("The car is blue.", "unfaithful/unfaithful residual:not_corrected")],
+        {"detector_types_steps": True, "max_retries": 0},
+    ),
+    Case(
+        "upstream-failure-before-first-emit",
+        [broke()],
+        ["start", "fail UpstreamError"],
+    ),
+    Case(
+        "upstream-failure-after-whole-steps-delivers-them-first",
+        [(p("One circle."), broke()), verdicts("F")],
+        ["start", "check One circle.", "step One circle.", "fail UpstreamError"],
+        [("One circle.", "faithful/faithful")],
+    ),
+    Case(
+        "upstream-failure-after-first-emit",
+        [(p("One circle."),), verdicts("F"), broke()],
+        ["start", "check One circle.", "step One circle.", "fail UpstreamError"],
+        [("One circle.", "faithful/faithful")],
+    ),
+    Case(
+        "upstream-failure-in-a-dropped-round-does-not-matter",
+        [(p("It is blue."), broke()), verdicts("U"), rewrite("It is red."), verdicts("F"), end()],
+        [
+            "start",
+            "check It is blue.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is red.",
+            "tried #1 fixed",
+            "step It is red.",
+            "continue content=' It is red.'",
+            "end stop",
+        ],
+        [("It is red.", "unfaithful/faithful fixed@1")],
+    ),
+    Case(
+        "end-arrives-while-a-batch-is-verified",
+        [(p("One circle."),), end("length"), verdicts("F")],
+        ["start", "check One circle.", "step One circle.", "end length"],
+        [("One circle.", "faithful/faithful")],
+    ),
+    Case(
+        "batches-of-at-most-max-batch-steps",
+        [(p("A1."), p("A2."), p("A3."), end()), verdicts("FF"), verdicts("F")],
+        ["start", "check A1. | A2.", "step A1.", "step A2.", "check A3.", "step A3.", "end stop"],
+        [("A1.", "faithful/faithful"), ("A2.", "faithful/faithful"), ("A3.", "faithful/faithful")],
+        {"max_batch_steps": 2},
+    ),
+    Case(
+        "no-call-for-reasoning-when-the-detector-does-not-type-steps",
+        [(r("So A."), end())],
+        ["start", "step So A.", "end stop"],
+        [("So A.", "none/none")],
+    ),
+    Case(
+        "a-detector-that-types-steps-sees-reasoning-too",
+        [(r("So A."), end()), verdicts("F")],
+        ["start", "check So A.", "step So A.", "end stop"],
+        [("So A.", "faithful/faithful")],
+        {"detector_types_steps": True},
+    ),
+    Case(
+        "trailing-raw-and-extras-keep-their-place",
+        [
+            (
+                delta(" One circle.\n"),
+                p("One circle."),
+                TrailingRaw(CONTENT, "\n"),
+                ExtraDelta({"tool_calls": [{"index": 0}]}),
+                end(),
+            ),
+            verdicts("F"),
+        ],
+        [
+            "start",
+            "check One circle.",
+            "step One circle.",
+            "text '\\n'",
+            "extra {'tool_calls': [{'index': 0}]}",
+            "end stop",
+        ],
+        [("One circle.", "faithful/faithful")],
+    ),
+    Case(
+        "reasoning-and-content-channels",
+        [
+            (
+                delta(" One circle.", REASONING, "reasoning_content"),
+                p("One circle.", REASONING),
+                delta(" It is blue.", REASONING, "reasoning_content"),
+                p("It is blue.", REASONING),
+                TrailingRaw(REASONING, "\n"),
+                delta("A.", CONTENT, "content"),
+                r("A.", CONTENT),
+            ),
+            verdicts("FUN"),
+            rewrite("It is red."),
+            verdicts("F"),
+            (delta("\n"), TrailingRaw(REASONING, "\n"), delta("So A.", CONTENT), r("So A.", CONTENT), end()),
+        ],
+        [
+            "start",
+            "check One circle. | It is blue. | A.",
+            "step[reasoning_content] One circle.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is red.",
+            "tried #1 fixed",
+            "step[reasoning_content] It is red.",
+            "continue reasoning=' One circle. It is red.'",
+            "text[reasoning_content] '\\n'",
+            "step So A.",
+            "end stop",
+        ],
+        [
+            ("One circle.", "faithful/faithful"),
+            ("It is red.", "unfaithful/faithful fixed@1"),
+            ("So A.", "none/none"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in CORRECT])
+def test_correct_mode(case: Case) -> None:
+    played = play(case.script, **case.rules)
+    assert played.lines == case.lines
+    assert [(s.text, outcome(s)) for s in played.core.steps] == case.steps
+    assert [s.index for s in played.core.steps] == list(range(len(case.steps)))
+
+
+# ---- detect mode -------------------------------------------------------------------------------
+
+DETECT = [
+    Case(
+        "text-at-once-verdicts-after",
+        [
+            delta(" One circle."),
+            p("One circle."),
+            delta(" It is blue."),
+            p("It is blue."),
+            verdicts("F"),
+            end(),
+            verdicts("U"),
+        ],
+        [
+            "start",
+            "text ' One circle.'",
+            "check One circle.",
+            "text ' It is blue.'",
+            "verdicts One circle.",
+            "check It is blue.",
+            "verdicts It is blue.",
+            "end stop",
+        ],
+        [("One circle.", "faithful/faithful"), ("It is blue.", "unfaithful/unfaithful residual:not_corrected")],
+    ),
+    Case(
+        "one-call-at-a-time-in-batches-of-at-most-max-batch-steps",
+        [p("A1."), p("A2."), p("A3."), p("A4."), verdicts("F"), verdicts("FF"), end(), verdicts("F")],
+        [
+            "start",
+            "check A1.",
+            "verdicts A1.",
+            "check A2. | A3.",
+            "verdicts A2. | A3.",
+            "check A4.",
+            "verdicts A4.",
+            "end stop",
+        ],
+        [(f"A{i}.", "faithful/faithful") for i in range(1, 5)],
+        {"max_batch_steps": 2},
+    ),
+    Case(
+        "end-waits-for-the-check-in-flight",
+        [p("One circle."), end(), verdicts("F")],
+        ["start", "check One circle.", "verdicts One circle.", "end stop"],
+        [("One circle.", "faithful/faithful")],
+    ),
+    Case(
+        "upstream-failure-fails-at-once",
+        [delta(" One circle."), p("One circle."), broke()],
+        ["start", "text ' One circle.'", "check One circle.", "fail UpstreamError"],
+        [("One circle.", "none/none")],
+    ),
+    Case(
+        "detector-error-pass",
+        [p("One circle."), end(), detector_down()],
+        ["start", "check One circle.", "verdicts One circle.", "end stop"],
+        [("One circle.", "unknown/unknown residual:unchecked unchecked:detector_error")],
+    ),
+    Case(
+        "detector-error-fail",
+        [delta(" One circle."), p("One circle."), detector_down()],
+        ["start", "text ' One circle.'", "check One circle.", "fail DetectorError"],
+        [("One circle.", "none/none")],
+        {"on_detector_error": "fail"},
+    ),
+    Case(
+        "never-regenerates",
+        [p("It is blue."), end(), verdicts("U")],
+        ["start", "check It is blue.", "verdicts It is blue.", "end stop"],
+        [("It is blue.", "unfaithful/unfaithful residual:not_corrected")],
+        {"max_retries": 3},
+    ),
+    Case(
+        "reasoning-without-a-call-trailing-raw-dropped-extras-passed",
+        [
+            delta("So A.\n", REASONING, "reasoning"),
+            r("So A.", REASONING),
+            TrailingRaw(REASONING, "\n"),
+            ExtraDelta({"tool_calls": []}),
+            end(),
+        ],
+        ["start", "text[reasoning] 'So A.\\n'", "verdicts So A.", "extra {'tool_calls': []}", "end stop"],
+        [("So A.", "none/none")],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in DETECT])
+def test_detect_mode(case: Case) -> None:
+    played = play(case.script, **{"mode": "detect", **case.rules})
+    assert played.lines == case.lines
+    assert [(s.text, outcome(s)) for s in played.core.steps] == case.steps
+
+
+# ---- accounting --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "completion_tokens", "continuation"),
+    [
+        # the round ended before its flagged step was judged: vLLM's own count
+        pytest.param([(p("It is blue."), end(completion_tokens=30)), verdicts("U")], 30, "max=70", id="ended"),
+        # ... or while it was judged
+        pytest.param([(p("It is blue."),), end(completion_tokens=30), verdicts("U")], 30, "max=70", id="ended-late"),
+        # aborted: one token per text delta read, counted once
+        pytest.param(
+            [(delta(" It"), delta(" is"), delta(" blue."), p("It is blue."), delta(" More")), verdicts("U")],
+            4,
+            "max=96",
+            id="aborted",
+        ),
+    ],
+)
+def test_a_rounds_tokens_are_counted_once(script: list[Any], completion_tokens: int, continuation: str) -> None:
+    played = play([*script, rewrite("It is red."), verdicts("F")], completion_budget=100)
+    assert played.lines[-1] == f"continue content=' It is red.' {continuation}"
+    assert played.core.ctx.usage.completion_tokens == completion_tokens
+    assert played.core.budget.used == completion_tokens
+
+
+def test_a_spent_completion_budget_ends_with_length() -> None:
+    played = play(
+        [(p("It is blue."), end(completion_tokens=20)), verdicts("U"), rewrite("It is red."), verdicts("F")],
+        completion_budget=20,
+    )
+    assert played.lines[-2:] == ["step It is red.", "end length"]
+
+
+def test_usage_rounds_and_regenerations_add_up_over_the_request() -> None:
+    played = play(
+        [
+            (p("It is blue."), end(completion_tokens=7)),
+            verdicts("U"),
+            UNPARSEABLE,
+            rewrite("It is red."),
+            verdicts("F"),
+            (r("So A."), end(completion_tokens=3)),
+        ]
+    )
+    core = played.core
+    assert played.lines[-1] == "end stop"
+    assert (core.stats.rounds, core.stats.regenerations, core.stats.upstream_id) == (2, 2, "upstream-1")
+    assert core.ctx.usage.as_dict() == {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+    assert core.ctx.accepted == core.steps
+
+
+def test_the_regeneration_prefix_is_the_accepted_text() -> None:
+    core = CorrectionCore(Rules("correct", "d"), context())
+    assert isinstance(core.next_action(), StartRound)
+    for item in (p("One circle."), p("It is blue.")):
+        core.receive(item)
+    assert isinstance(core.next_action(), Check)
+    core.receive(verdicts("FU"))
+    actions = [core.next_action() for _ in range(3)]
+    assert isinstance(actions[1], DropRound) and isinstance(actions[2], Regenerate)
+    assert actions[2].prefix == ["One circle."]
+
+
+# ---- misuse ------------------------------------------------------------------------------------
+
+
+def test_items_of_a_dropped_round_are_ignored() -> None:
+    played = play([(p("It is blue."),), verdicts("U"), p("Read ahead."), rewrite("It is red."), verdicts("F"), end()])
+    assert "Read ahead." not in " ".join(played.lines)
+    assert played.lines[-1] == "end stop"
+
+
+def test_results_nobody_asked_for_are_refused() -> None:
+    core = CorrectionCore(Rules("correct", "d"), context())
+    with pytest.raises(RuntimeError):
+        core.receive(verdicts("F"))
+    with pytest.raises(RuntimeError):
+        core.receive(rewrite("It is red."))
+
+
+def test_nothing_follows_the_end() -> None:
+    played = play([(end(),)])
+    assert played.lines == ["start", "end stop"] and played.over
+    with pytest.raises(RuntimeError):
+        played.core.next_action()
