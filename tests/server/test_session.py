@@ -4,7 +4,9 @@ The same loop against real vLLM is in tests/integration/test_proxy_vllm.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import httpx
@@ -17,7 +19,7 @@ from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.session import ChainSession, EmitEnd, EmitText
+from faithproxy.server.session import ChainSession, EmitEnd, EmitText, EmitVerdicts
 from faithproxy.server.settings import Settings
 
 BAD = "The car is blue."
@@ -128,3 +130,127 @@ async def test_steps_finished_while_the_detector_works_go_in_one_call() -> None:
     calls = session.detector.calls  # type: ignore[attr-defined]
     # the scripted stream arrives at once, so every step is ready before the first check: one call
     assert calls == [["I see a car.", "The car is red.", "It is parked.", "The sky is clear.", "Done."]]
+
+
+# ---- the driver around the correction core -----------------------------------------------------
+
+
+class HeldStream(httpx.AsyncByteStream):
+    """An upstream body that sends `head`, then keeps the stream open as a model still decoding would;
+    records when the proxy closes it."""
+
+    def __init__(self, head: bytes) -> None:
+        self.head = head
+        self.closed = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.head
+        await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+def chunks(deltas: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        b"data: "
+        + json.dumps({"id": "u", "choices": [{"index": 0, "delta": d, "finish_reason": None}]}).encode()
+        + b"\n\n"
+        for d in deltas
+    )
+
+
+def make_session(
+    handler: Any, mode: str = "correct", regenerator: Regenerator | None = None
+) -> tuple[ChainSession, VLLMClient]:
+    generator = VLLMClient("http://vllm.test", transport=httpx.MockTransport(handler))
+    messages = [{"role": "user", "content": "What colour is the car?"}]
+    session = ChainSession(
+        settings=Settings(),
+        policy=RequestPolicy(mode, "judge", 3, None, "pass", True),  # type: ignore[arg-type]
+        ctx=ChainContext("r1", "m", messages, "What colour is the car?", []),
+        generator=generator,
+        detector=FlagBad(),
+        regenerator=regenerator or Fixer(),
+        metrics=Metrics(CollectorRegistry(), ["judge"]),
+        body={"model": "m", "messages": messages, "max_tokens": 100},
+    )
+    return session, generator
+
+
+def sample(session: ChainSession, name: str, **labels: str) -> float:
+    return session.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_detect_mode_streams_text_at_once_and_counts_the_verdicts_that_follow() -> None:
+    body = sse(
+        [{"content": "I see a car. "}, {"content": f"{BAD} "}, {"content": "It is parked."}],
+        {"prompt_tokens": 5, "completion_tokens": 3},
+    )
+    session, generator = make_session(
+        lambda request: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"}), "detect"
+    )
+    events = [e async for e in session.run()]
+    await generator.aclose()
+
+    assert "".join(e.text for e in events if isinstance(e, EmitText)) == f"I see a car. {BAD} It is parked."
+    assert all(e.step is None for e in events if isinstance(e, EmitText))  # raw deltas, not whole steps
+    first_verdicts = next(i for i, e in enumerate(events) if isinstance(e, EmitVerdicts))
+    assert isinstance(events[0], EmitText) and first_verdicts > 0
+    checked = [s for e in events if isinstance(e, EmitVerdicts) for s in e.steps]
+    assert [s.text for s in checked] == ["I see a car.", BAD, "It is parked."] == [s.text for s in session.steps]
+    assert [(s.residual, s.residual_reason) for s in checked] == [(False, None), (True, "not_corrected"), (False, None)]
+    assert isinstance(events[-1], EmitEnd) and events[-1].finish_reason == "stop"
+    labels = {"detector": "judge", "model": "other"}
+    assert sample(session, "faithproxy_steps_total", kind="perception", verdict="unfaithful", **labels) == 1
+    assert sample(session, "faithproxy_steps_total", kind="perception", verdict="faithful", **labels) == 1
+    assert sample(session, "faithproxy_residual_steps_total", reason="not_corrected", **labels) == 1
+    assert session.ctx.usage.completion_tokens == 3 and session.stats.rounds == 1
+
+
+async def test_the_read_ahead_is_closed_before_the_flagged_step_is_regenerated() -> None:
+    held = HeldStream(chunks([{"content": "I see a car. "}, {"content": f"{BAD} "}, {"content": "It is"}]))
+    rest = sse([{"content": " It is parked."}], {"prompt_tokens": 20, "completion_tokens": 4})
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        if len(bodies) == 1:
+            return httpx.Response(200, stream=held, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=rest, headers={"content-type": "text/event-stream"})
+
+    class SeesTheStream(Fixer):
+        closed_before: list[bool] = []
+
+        async def regenerate(self, ctx: ChainContext, prefix: list[str], bad_step: Step, attempt: int) -> str | None:
+            self.closed_before.append(held.closed.is_set())
+            return await super().regenerate(ctx, prefix, bad_step, attempt)
+
+    session, generator = make_session(handler, regenerator=SeesTheStream())
+    events = [e async for e in session.run()]
+    await generator.aclose()
+
+    assert SeesTheStream.closed_before == [True]  # vLLM was told to stop before the rewrite was asked for
+    assert [e.text for e in events if isinstance(e, EmitText)] == ["I see a car.", " The car is red.", " It is parked."]
+    # the aborted round reported no usage: its three text deltas stand for its tokens, counted once
+    assert bodies[1]["max_tokens"] == 97
+    assert session.ctx.usage.completion_tokens == 3 + 4
+    assert sample(session, "faithproxy_regeneration_attempts_total", outcome="fixed") == 1
+    assert sample(session, "faithproxy_regeneration_outcomes_total", outcome="fixed", attempts="1") == 1
+
+
+async def test_closing_a_detect_stream_closes_upstream_and_leaves_no_task() -> None:
+    held = HeldStream(chunks([{"content": "I see a car. "}, {"content": "It is"}]))
+    session, generator = make_session(
+        lambda request: httpx.Response(200, stream=held, headers={"content-type": "text/event-stream"}), "detect"
+    )
+    before = asyncio.all_tasks()
+    events = session.run()
+    first = await anext(events)
+    assert isinstance(first, EmitText) and first.text == "I see a car. "
+    await events.aclose()  # what the response layer does when the client goes away
+    await generator.aclose()
+
+    assert held.closed.is_set()
+    left = [t for t in asyncio.all_tasks() - before if not t.done()]
+    assert left == []
