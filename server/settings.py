@@ -88,9 +88,6 @@ class Settings(BaseSettings):
     max_regenerations_per_request: int = 16
     # Most steps sent to the detector in one call when it lags behind decoding.
     max_batch_steps: int = 16
-    # True: keep decoding while a step is checked (read-ahead). False: the strictly sequential variant
-    # (one step per upstream request, checked before the next is decoded), kept for the benchmark.
-    pipelined: bool = True
     think_open_tag: str = "<think>"
     think_close_tag: str = "</think>"
 

@@ -1,9 +1,9 @@
 """Does verification serialize decoding? Wall time of verified chains against unverified ones.
 
 Real vLLM (CPU) serves the fixture model; a local judge answers after a fixed latency set equal to the
-measured decode time of one step; two `faithproxy serve` processes run the same code, one pipelined
-(default: decoding runs ahead while a step is checked) and one strictly sequential
-(FAITHPROXY_PIPELINED=false: one step per upstream request, checked before the next is decoded).
+measured decode time of one step; two proxy processes run, `faithproxy serve` (pipelined: decoding
+runs ahead while a step is checked) and the strictly sequential variant (benchmarks/performance/
+sequential.py: one step per upstream request, checked before the next is decoded).
 Configurations are interleaved request by request, so machine noise hits them alike; figures are
 ratios to the unverified proxy (X-Faithproxy-Mode: off) measured in the same run.
 
@@ -130,10 +130,10 @@ def _serve(name: str, port: int, upstream: str, judge_url: str, pipelined: bool,
     env = {
         **os.environ,
         "FAITHPROXY_JUDGES": json.dumps(judges),
-        "FAITHPROXY_PIPELINED": str(pipelined).lower(),
         "FAITHPROXY_REGENERATION_TEMPERATURE": "0",
     }
-    argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--upstream", upstream, "--port", str(port)]
+    command = ["faithproxy.cli", "serve"] if pipelined else ["faithproxy.benchmarks.performance.sequential"]
+    argv = [sys.executable, "-m", *command, "--upstream", upstream, "--port", str(port)]
     return processes.spawn([*argv, "--log-level", "warning"], log, name=name, env=env)
 
 
