@@ -301,8 +301,8 @@ def test_cpu_vllm_image_copies_only_what_its_context_sends() -> None:
 
 
 def test_proxy_image_builds_every_package_the_project_declares() -> None:
-    """A package left out of the build stage is silently missing from the wheel (find skips it)."""
+    """A folder left out of the build stage is missing from the wheel (package-dir points at nothing)."""
     dockerfile = (assets.REPO / "Dockerfile").read_text()
-    declared = tomllib.loads((assets.REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    declared = tomllib.loads((assets.REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     copied = set(re.findall(r"^COPY (\w+) \1$", dockerfile, re.M))
-    assert {pattern.rstrip("*") for pattern in declared["include"]} <= copied
+    assert set(declared.values()) <= copied
