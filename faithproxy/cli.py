@@ -1,8 +1,8 @@
 """The `faithproxy` command: the one place that knows every layer's subcommands.
 
-The serving commands come from the server (`serve`, `segment`, `detectors`); the offline tools from
-benchmarks/ (`bench`, `probe`) and the demo from shapesworld/. Each is imported only when it is run, so
-`faithproxy serve` never loads the benchmarks, and the server itself never imports anything above it.
+The serving commands come from the server (`serve`, `segment`, `detectors`), the offline tools from
+benchmarks/ (`bench`, `probe`), and `demo` from demo.py beside this file. Each is imported only when it
+is run, so `faithproxy serve` never loads the benchmarks, and the server never imports anything above it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ DELEGATED = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from faithproxy.demo import add_demo_command
     from faithproxy.server.cli import add_server_commands
-    from faithproxy.shapesworld.demo import add_demo_command
 
     parser = argparse.ArgumentParser(prog="faithproxy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -112,7 +112,7 @@ def test_tests_and_scripts_use_the_namespace() -> None:
         ("from faithproxy.server.app import create_app\n", RANKS["detectors"], "above this layer"),
         ("def f():\n    import faithproxy.benchmarks.evaluation.run\n", RANKS["server"], "above this layer"),
         ("X = 'faithproxy.tinyvlm.serve'\n", RANKS["clients"], "above this layer"),
-        ("'''Run python -m faithproxy.shapesworld.demo.'''\n", RANKS["server"], "above this layer"),
+        ("'''Run python -m faithproxy.shapesworld.model.train.'''\n", RANKS["server"], "above this layer"),
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from faithproxy.cli import main\n",
          RANKS["benchmarks"], "above this layer"),  # fmt: skip
         ("from server.settings import Settings\n", RANKS["faithproxy"], "bare top-level import"),

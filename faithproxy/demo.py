@@ -1,5 +1,8 @@
 """`faithproxy demo`: the whole system on one CPU machine, as a user would run it.
 
+It lives at the top of the house, beside the command, because it uses every layer: the server, the
+fixture and ShapesWorld models (tinyvlm/, shapesworld/) and a stand-in judge (benchmarks/standins/).
+
 Starts three real processes — vLLM on CPU serving a tiny reasoning VLM, a local judge speaking the
 Anthropic Messages API, and `faithproxy serve` — sends questions with an image through the openai
 SDK, prints each step as it is verified (and corrected), the UPR, and stops everything it started.
@@ -7,8 +10,9 @@ SDK, prints each step as it is verified (and corrected), the UPR, and stops ever
 Two worlds:
 - `shapesworld` (the default): the committed ShapesWorld model (shapesworld/model/weights) answers
   held-out questions about scenes it has never seen and makes its own perception mistakes; the judge
-  reads the image's pixels (`faithproxy.benchmarks.standins.judge_server --shapesworld`). Each step is printed with the
-  ground truth next to the proxy's verdict, so what the proxy catches and misses is visible.
+  reads the image's pixels (`faithproxy.benchmarks.standins.judge_server --shapesworld`). Each step is
+  printed with the ground truth next to the proxy's verdict, so what the proxy catches and misses is
+  visible.
 - `fixture`: the tinyvlm fixture model with planted mistakes and an oracle judge (built first if
   missing, a few minutes, seeded).
 """
