@@ -17,7 +17,7 @@ Scoring follows the official eval/evaluate.py:
   `</think>`, else the whole reply; `<answer>X</answer>`; a bare letter; the last character; "A." /
   "is A" / "is: A" / "{A}"; otherwise D). `accuracy` = mean over questions of the share of orders
   answered right, `hallu_rate` = mean share of picks of the commonsense option; `not_listed_rate`
-  (share of D picks) and `unparsed` (replies read as D by the last rule) are ours;
+  (share of D picks) and `unparsed` (replies read as D by the last rule, or missing) are ours;
 - free form (fib): a judge labels the reply `correct`, `typical` (the commonsense error: a
   hallucination) or `wrong` (we store them as correct / commonsense_error / other_error); `open_accuracy`
   and `open_hallu_rate` are the shares over the judged replies, `open_unjudged` counts the rest. These
@@ -125,7 +125,7 @@ def read(data_dir: Path, mode: str = "both", instruction: str = "") -> Release:
             release.problem(MISSING_IMAGE, where, "the record has no image")
             continue
         if found := image_problem(image):
-            release.problem(*found, where, image)
+            release.problem(found[0], where, found[1], image)
             continue
         common = {"question_id": qid, "category": list(record.get("category") or []), "item": record.get("item")}
         if kind == "mcq":
@@ -212,6 +212,7 @@ def score(items: Sequence[Item], predictions: Mapping[str, Prediction]) -> dict[
             continue
         text = reply_text(prediction)
         if text is None:
+            unparsed += 1  # no reply to read: D, as the official fallback reads what it cannot parse
             outcome = "failed"
         else:
             choice, found = official_choice(text)
@@ -266,7 +267,7 @@ JUDGE_SYSTEM = (
 
 JUDGE_TEMPLATE = """Question: {question}
 Right answer: {correct}
-Typical (commonsense) error: {commonsense}
+Commonsense (wrong) answer: {commonsense}
 
 Model's reply: {reply}
 

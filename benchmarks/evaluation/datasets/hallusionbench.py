@@ -128,7 +128,7 @@ def read(data_dir: Path, instruction: str = "") -> Release:
                 continue
             image = image_path(data_dir, filename)
             if found := image_problem(image):
-                release.problem(*found, where, image)
+                release.problem(found[0], where, found[1], image)
                 continue
         question = as_text(record["question"]).strip()
         release.items.append(

@@ -132,7 +132,7 @@ def read(data_dir: Path, instruction: str = "") -> Release:
             continue
         image = write_cached(cache, f"mirage-{index}", data)
         if found := image_problem(image):
-            release.problem(*found, where, image)
+            release.problem(found[0], where, found[1], image)
             continue
         text = prompt
         if qtype == "multi_choice" and not all(c in prompt for c in choices):

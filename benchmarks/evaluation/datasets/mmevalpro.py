@@ -130,7 +130,7 @@ def read(data_dir: Path, source: str = "", eval_type: str = "", instruction: str
             release.problem(MISSING_IMAGE, where, missing or "no image")
             continue
         if found := image_problem(image):
-            release.problem(*found, where, image)
+            release.problem(found[0], where, found[1], image)
             continue
         prompt = f"{question} Options: {format_options(choices)}" if choices else question
         release.items.append(
@@ -195,17 +195,22 @@ def _cal_score(rows: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     }
 
 
+_FIGURES = ("genuine_accuracy_score", "average_score", "origin_score", "perception_score", "knowledge_score")
+
+
+def macro_average(per_source: Mapping[str, Mapping[str, float | None] | None]) -> dict[str, float] | None:
+    """The official Macro_Average: the mean of the three sources' rounded figures, rounded to 2 places;
+    None unless all three sources have every figure."""
+    present = [per_source.get(s) for s in SOURCES]
+    if any(p is None or any(p.get(k) is None for k in _FIGURES) for p in present):
+        return None
+    return {k: round(sum(p[k] for p in present) / len(present), 2) for k in _FIGURES}  # type: ignore[index,misc]
+
+
 def auto_score(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The official score file: per source, Macro_Average (mean of the rounded source figures, rounded),
-    Micro_Average (all rows)."""
+    """The official score file: per source, Macro_Average, Micro_Average (all rows)."""
     out: dict[str, Any] = {s: _cal_score([r for r in rows if r["source"] == s]) for s in SOURCES}
-    present = [out[s] for s in SOURCES if out[s] is not None]
-    keys = ("genuine_accuracy_score", "average_score", "origin_score", "perception_score", "knowledge_score")
-    out["Macro_Average"] = (
-        {k: round(sum(p[k] for p in present) / len(present), 2) for k in keys}
-        if len(present) == len(SOURCES) and all(p[k] is not None for p in present for k in keys)
-        else None  # the official mean needs all three sources
-    )
+    out["Macro_Average"] = macro_average(out)
     out["Micro_Average"] = _cal_score(rows)
     return out
 

@@ -157,7 +157,7 @@ def read(
                 continue
             image = image_root / as_text(record["img"]).strip()
             if found := image_problem(image):
-                release.problem(*found, where, image)
+                release.problem(found[0], where, found[1], image)
                 continue
             width, height = image_size(image)
             occurrences[rid] += 1

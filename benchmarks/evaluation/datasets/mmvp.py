@@ -98,7 +98,7 @@ def read(data_dir: Path, instruction: str = "") -> Release:
             seen.add(index)
             image = _image(data_dir, index)
             if found := image_problem(image):
-                release.problem(*found, where, image)
+                release.problem(found[0], where, found[1], image)
                 continue
             prompt = f"{question} Options: {format_options(options)}"
             release.items.append(

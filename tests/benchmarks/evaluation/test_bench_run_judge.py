@@ -12,18 +12,22 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from PIL import Image
 
 from faithproxy.benchmarks.evaluation import run as bench_run
 from faithproxy.benchmarks.standins.local_server import running_app
+from tests.benchmarks.evaluation.releases import png, write_parquet
 
+# FREAK's release schema (hub Parquet, build/upload.py): one multiple-choice record, three free-form ones
 RECORDS = [
-    {"id": "q1", "image": "i/1.png", "question": "How many legs does the chicken have?", "answer": "three",
-     "commonsense_distractor": "two", "generated_distractor": "four"},
-    {"id": "q2", "image": "i/2.png", "question": "What colour is the banana?", "answer": "blue",
-     "commonsense_distractor": "yellow", "generated_distractor": "green"},
-    {"id": "q3", "image": "i/3.png", "question": "How many wheels does the car have?", "answer": "five",
-     "commonsense_distractor": "four", "generated_distractor": "six"},
+    {"id": 7, "type": "mcq", "question": "How many legs does the chicken have?", "item": "chicken",
+     "options": ["Three.", "Two.", "Four.", "The correct answer is not listed."], "category": ["counting"],
+     "ground_truth": "", "hallu_answer": None},
+    {"id": 1, "type": "fib", "question": "How many legs does the chicken have?", "item": "chicken", "options": None,
+     "category": ["counting"], "ground_truth": "three", "hallu_answer": "two"},
+    {"id": 2, "type": "fib", "question": "What colour is the banana?", "item": "banana", "options": None,
+     "category": ["color"], "ground_truth": "blue", "hallu_answer": "yellow"},
+    {"id": 3, "type": "fib", "question": "How many wheels does the car have?", "item": "car", "options": None,
+     "category": ["counting"], "ground_truth": "five", "hallu_answer": "four"},
 ]  # fmt: skip
 
 
@@ -76,10 +80,8 @@ async def fake() -> AsyncIterator[tuple[Fake, str]]:
 
 
 def write_freak(root: Path) -> Path:
-    (root / "i").mkdir(parents=True)
-    for k in (1, 2, 3):
-        Image.new("RGB", (4, 4), (k, 0, 0)).save(root / "i" / f"{k}.png")
-    (root / "freak.json").write_text(json.dumps(RECORDS))
+    rows = [{**r, "image": {"bytes": png(f"freak-{r['id']}"), "path": None}} for r in RECORDS]
+    write_parquet(root / "data" / "test-00000-of-00001.parquet", rows)
     return root
 
 
@@ -110,9 +112,9 @@ async def test_free_form_judged_failed_request_retried_on_resume(fake: tuple[Fak
     assert (metrics["open_judged"], metrics["open_unjudged"]) == (2, 1)
     assert metrics["open_accuracy"] == 0.5 and metrics["open_hallu_rate"] == 0.5
     records = bench_run.read_jsonl(out / "predictions.jsonl")
-    assert records["freak-q3-open"]["error"].startswith("InternalServerError")
-    assert records["freak-q1-open"]["reasoning"] == "Looking at the image."
-    assert records["freak-q1-open"]["usage"]["completion_tokens"] == 3
+    assert records["freak-3-open"]["error"].startswith("InternalServerError")
+    assert records["freak-1-open"]["reasoning"] == "Looking at the image."
+    assert records["freak-1-open"]["usage"]["completion_tokens"] == 3
 
     # resume: only the failed item is asked again, and only it is judged
     state.fail_cars = False
@@ -123,9 +125,9 @@ async def test_free_form_judged_failed_request_retried_on_resume(fake: tuple[Fak
     assert metrics["open_accuracy"] == pytest.approx(2 / 3)
     judged = bench_run.read_jsonl(out / "judgements.jsonl")
     assert {k: v["judgement"] for k, v in judged.items()} == {
-        "freak-q1-open": "commonsense_error",
-        "freak-q2-open": "correct",
-        "freak-q3-open": "correct",
+        "freak-1-open": "commonsense_error",
+        "freak-2-open": "correct",
+        "freak-3-open": "correct",
     }
 
 

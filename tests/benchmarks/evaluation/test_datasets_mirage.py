@@ -1,127 +1,141 @@
-"""MIRAGE: accuracy with relative-error tolerance, F_step/F_claim from judge matches, LHS over M × N."""
+"""MIRAGE: mirage.tsv as released (base64 images, the columns the official benchmark_eval.py reads), the
+official answer rules (MIX: multiple choice, approximate within a 0.95 ratio, exact numbers; non-numeric
+answers score 0), accuracy per normalized_classification, and the judge's F1 and LHS (1-5).
+
+The TSV's records (data/mirage/records.jsonl) follow the release's columns; their values are ours: the
+release is on the hub only (data/README.md). Expected figures are counted by hand from the official rules.
+"""
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from faithproxy.benchmarks.evaluation.datasets import mirage
+from faithproxy.benchmarks.evaluation.datasets.release import IMAGE_CACHE
 from tests.benchmarks.canned_judge import CannedJudge
-
-REFS = [["The left shape is a square.", "So the answer is B."], ["A square is on the left.", "Answer B."]]
-RECORDS = [
-    {"id": 1, "image": "img/1.png", "question": "Which shape is on the left?", "options": ["circle", "square"],
-     "answer": "square", "answer_type": "multiple_choice", "references": REFS,
-     "claims": ["a square is on the left"], "hallucination_type": "spatial"},
-    {"id": 2, "image": "img/1.png", "question": "How many apples?", "answer": "12", "answer_type": "deterministic",
-     "references": [["There are 12 apples."]], "hallucination_type": "logical"},
-    {"id": 3, "image": "img/1.png", "question": "How long is the rod (cm)?", "answer": "3.0",
-     "answer_type": "approximate", "tolerance": 0.1, "hallucination_type": "factuality"},
-    {"id": 4, "image": "img/1.png", "question": "How wide is the rod (cm)?", "answer": "3.0",
-     "answer_type": "approximate", "hallucination_type": "factuality"},
-    {"id": 5, "image": "img/1.png", "question": "Which cup is full?", "answer": "the left one",
-     "hallucination_type": "spatial"},
-    {"id": 6, "image": "img/1.png", "question": "How many pears?", "answer": "12", "answer_type": "deterministic",
-     "hallucination_type": "context"},
-]  # fmt: skip
+from tests.benchmarks.evaluation.releases import DATA, png, read_jsonl, unpack
+from tests.benchmarks.evaluation.releases import mirage as write_mirage
 
 
-def write_mirage(root: Path) -> Path:
-    (root / "img").mkdir(parents=True)
-    Image.new("RGB", (8, 8)).save(root / "img" / "1.png")
-    (root / "mirage.json").write_text(json.dumps(RECORDS))
-    return root
+@pytest.fixture
+def release_dir(tmp_path: Path) -> Path:
+    return unpack("mirage", tmp_path / "mirage")
 
 
-def test_loads_records(tmp_path: Path) -> None:
-    items = mirage.load(write_mirage(tmp_path))
-    assert [i.id for i in items] == [f"mirage-{n}" for n in range(1, 7)]
-    first = items[0]
-    assert first.answer == "B" and first.prompt == "Which shape is on the left? Options: A. circle B. square"
-    assert first.extra["references"] == REFS and first.image == tmp_path / "img" / "1.png"
-    assert items[2].extra["tolerance"] == 0.1 and items[3].extra["tolerance"] == mirage.DEFAULT_TOLERANCE
-    assert items[4].extra["answer_type"] == "deterministic"  # no options: deterministic by default
+def test_reads_the_tsv_with_base64_images(release_dir: Path) -> None:
+    release = mirage.read(release_dir)
+    assert release.problems == [] and release.notes == []
+    assert release.splits == {"multi_choice": 2, "approx": 2, "free_form": 3}
+    first = release.items[0]
+    assert first.id == "mirage-0" and first.answer == "B"
+    assert first.options == ("the circle", "the square", "the triangle")
+    assert first.prompt == "Which shape has the largest area?\nA. the circle\nB. the square\nC. the triangle"
+    assert first.image == release_dir / IMAGE_CACHE / "mirage-0.png" and first.image.read_bytes() == png("mirage-0")
+    assert first.extra["classification"] == "Geometry" and len(first.extra["references"]) == 3
 
 
-def predictions() -> dict[str, dict]:
-    return {
-        "mirage-1": {"text": "The answer is B.", "step_match": {"pred": 4, "matched_pred": 2, "ref": 5,
-                     "matched_ref": 3}, "claim_match": {"pred": 2, "matched_pred": 2, "ref": 2, "matched_ref": 1},
-                     "lhs_scores": [[8] * 5, [6] * 5]},
-        "mirage-2": {"text": "The answer is 12 apples.", "reasoning": "I count 3 rows of 4.",
-                     "step_match": {"pred": 2, "matched_pred": 0, "ref": 3, "matched_ref": 0},
-                     "lhs_scores": [[10, 9, 8, 7, 6]]},
-        "mirage-3": {"text": r"So it is \boxed{3.25}"},  # relative error 0.083 <= 0.1
-        "mirage-4": {"text": r"So it is \boxed{3.25}"},  # > 0.05
-        "mirage-5": {"text": "Answer: The left one.", "lhs_scores": [[1, 2, 3, 4, 5], [5] * 5, [1, 2]]},
+def test_bad_rows_are_problems_and_unmatchable_answers_are_notes(tmp_path: Path) -> None:
+    records = read_jsonl(DATA / "mirage" / "records.jsonl")
+    records[1]["normalized_classification"] = "Numeric Commonsense"  # the official score() has no such class
+    records[2]["choices"] = "[unclosed"
+    records[5]["answer"] = "add 3"  # the option's text: the official letter check can never match it
+    root = write_mirage(tmp_path, records)
+    release = mirage.read(root)
+    assert release.problem_counts == {"unknown_value": 1, "unreadable_record": 1}
+    assert "'Numeric Commonsense'" in release.problems[0].detail
+    assert [n.kind for n in release.notes] == ["unmatchable_answer"] and len(release.items) == 5
+
+
+REPLIES = {
+    "mirage-0": "The square is 4 by 4. <answer>B</answer>",  # multiple choice, right
+    "mirage-1": "It reaches about 12. <answer>12.0</answer>",  # approx: 12.0 / 12.5 = 0.96 >= 0.95
+    "mirage-2": "Two rows of seven. <answer>14</answer>",  # exact integer
+    "mirage-3": "The peak: <answer>[2007, 2008]</answer>",  # a list, equal
+    "mirage-4": "2x = 8\nx = 4",  # approx, integer gold 4, last number of the final line
+    "mirage-5": "<answer>A</answer>",  # multiple choice, wrong
+    "mirage-6": "<answer>oxygen</answer>",  # non-numeric gold: the official scorer gives 0
+}
+
+
+def test_official_answer_rules(release_dir: Path) -> None:
+    items = mirage.load(release_dir)
+    scores = mirage.score(items, REPLIES)
+    assert scores["accuracy"] == pytest.approx(5 / 7)
+    assert {c: v["accuracy"] for c, v in scores["by_class"].items()} == {
+        "Algebraic": 1.0, "Arithmetic": 1.0, "Geometry": 1.0, "Logical": 0.0, "Scientific": 0.0, "Spatial": 1.0,
+        "Statistical": 1.0,
     }  # fmt: skip
+    by_type = {t: (v["correct"], v["total"]) for t, v in scores["by_question_type"].items()}
+    assert by_type == {"approx": (2, 2), "free_form": (2, 3), "multi_choice": (1, 2)}
+    assert scores["claim_f1"] is None and scores["lhs_mean"] is None  # nothing judged
 
 
-def test_accuracy_f_scores_and_lhs(tmp_path: Path) -> None:
-    scores = mirage.score(mirage.load(write_mirage(tmp_path)), predictions())
-    assert scores["accuracy"] == pytest.approx(4 / 6)
-    assert scores["f_step"] == pytest.approx((2 * 0.5 * 0.6 / 1.1 + 0.0) / 2)
-    assert scores["f_claim"] == pytest.approx(2 / 3)
-    # per item LHS: 7, 8, 4 (the malformed third list of item 5 is ignored)
-    assert scores["lhs_mean"] == pytest.approx(19 / 3)
-    assert scores["lhs_std"] == pytest.approx(
-        math.sqrt(((7 - 19 / 3) ** 2 + (8 - 19 / 3) ** 2 + (4 - 19 / 3) ** 2) / 3)
-    )
-    assert (scores["step_judged"], scores["claim_judged"], scores["lhs_judged"]) == (2, 1, 3)
-    by_type = scores["by_type"]
-    assert list(by_type) == ["spatial", "logical", "factuality", "context"]
-    assert by_type["spatial"] == {"questions": 2, "accuracy": 1.0, "lhs_mean": 5.5, "lhs_std": 1.5}
-    assert by_type["factuality"]["accuracy"] == 0.5 and by_type["factuality"]["lhs_mean"] is None
-    assert by_type["context"]["accuracy"] == 0.0
-    items = mirage.load(tmp_path)
-    assert [mirage.correct(i, predictions().get(i.id)) for i in items] == [True, True, True, False, True, False]
+@pytest.mark.parametrize(
+    ("answer", "parsed", "approx", "right"),
+    [
+        ("12.5", "11.5", True, False),  # 0.92
+        ("12.5", "13.1", True, True),  # 12.5 / 13.1 = 0.954
+        ("14", "14.0", False, False),  # an integer gold needs an integer reply (int("14.0") fails)
+        ("14", "14", False, True),
+        ("0", "0", True, True),  # equal; the official ratio would divide by zero
+        ("0", "1", True, False),
+        ("-5", "5", True, False),  # opposite signs: the ratio is negative
+        ("[1, 2]", "[1, 2]", True, True),
+        ("[1, 2]", "[1, 3]", True, False),  # lists: equal only, even when approximate
+        ("oxygen", "oxygen", False, False),  # non-numeric gold: 0
+        ("4", None, True, False),
+    ],
+)
+def test_numeric_rules(answer: str, parsed: str | None, approx: bool, right: bool) -> None:
+    assert mirage._numeric_right(parsed, answer, approx) is right
 
 
-def test_answer_edge_cases(tmp_path: Path) -> None:
-    item = mirage.load(write_mirage(tmp_path))[2]  # approximate, gold 3.0, tolerance 0.1
-    assert mirage.answer_correct(item, "The answer is 2.7 cm.")  # exactly at the tolerance
-    assert not mirage.answer_correct(item, "The answer is 2.69 cm.")
-    assert not mirage.answer_correct(item, "about three")  # no number
-    assert not mirage.answer_correct(item, None)
-    assert mirage.parse_number("It is 1,234.5 m") == 1234.5 and mirage.parse_number("-2e3") == -2000.0
-    assert mirage.parse_number("none") is None
-    assert mirage.f1_of_matches({"pred": 0, "matched_pred": 0, "ref": 0, "matched_ref": 0}) == 0.0
-    assert mirage.lhs_of([]) is None
+def test_reply_number() -> None:
+    assert mirage.reply_number("<think>maybe 3</think>So <answer>1,250 m</answer>", "int") == "1250"
+    assert mirage.reply_number("The years are [2007, 2008].", "list") == "[2007, 2008]"
+    assert mirage.reply_number("No idea.", "float") is None
+
+
+async def test_judge_f1_and_lhs(release_dir: Path) -> None:
+    items = mirage.load(release_dir)[:2]
+    match = "<pred_match>MATCH,REASONABLE,CONFLICT</pred_match>\n<gt_match>MATCH,CONFLICT</gt_match>"
+    lhs = ('{"Factual Accuracy": {"score": 4, "explanation": "."}, "Logical Consistency": {"score": 4}, '
+           '"Reasoning Completeness": {"score": 5}, "Conceptual Reasoning Accuracy": {"score": 3}, '
+           '"Strategy Appropriateness": {"score": 9}}')  # fmt: skip
+    first = CannedJudge({"atomic claims": match, "atomic steps": match, "Score the model": lhs}, name="a")
+    second = CannedJudge({"Score the model": "No scores today."}, name="b")
+    predictions = {"mirage-0": {"text": "<answer>B</answer>", "reasoning": "The square's side is 4."}}
+    out = await mirage.judge(items, predictions, [first, second])
+    assert set(out) == {"mirage-0"}  # mirage-1 has no prediction
+    one = out["mirage-0"]
+    assert one["claim_match"] == {"pred": ["MATCH", "REASONABLE", "CONFLICT"], "gt": ["MATCH", "CONFLICT"]}
+    assert one["lhs_scores"] == [[4.0, 4.0, 5.0, 3.0, 5.0]] * 3  # clamped to 5; 3 references, first judge
+    assert one["judge_errors"] == 3  # the second judge, 3 times
+    prompt = next(p for p in first.prompts if "atomic steps" in p)
+    assert "Here is a multiple choice question: " in prompt and "<step>The square's side is 4, so" in prompt
+    scores = mirage.score(items, {k: {**predictions[k], **v} for k, v in out.items()})
+    # official calculate_metrics: precision (MATCH + REASONABLE) / 3, recall MATCH / 2, F1 of the two
+    assert scores["claim_precision"] == pytest.approx(2 / 3) and scores["claim_recall"] == 0.5
+    assert scores["claim_f1"] == pytest.approx(4 / 7) and scores["step_f1"] == pytest.approx(4 / 7)
+    assert scores["lhs_mean"] == pytest.approx(4.2) and scores["lhs_std"] == 0.0 and scores["lhs_judged"] == 1
+
+
+def test_parse_match_needs_both_blocks() -> None:
+    assert mirage.parse_match("<pred_match>MATCH</pred_match>") is None
+    assert mirage.prf({"pred": [], "gt": []}) == (0.0, 0.0, 0.0)
+
+
+def test_official_table_with_its_verdicts(release_dir: Path) -> None:
+    items = mirage.load(release_dir)
+    rows = [{"index": "0", "response": "whatever", "sign": "1"}, {"index": "5", "response": "<answer>C</answer>"}]
+    predictions = mirage.from_official(rows, items)
+    assert predictions is not None
+    scores = mirage.score([i for i in items if i.id in predictions], predictions)
+    assert scores["accuracy"] == 1.0  # the extractor's sign for 0, our reading (C, right) for 5
 
 
 def test_empty() -> None:
     scores = mirage.score([], {})
-    assert scores["accuracy"] is None and scores["lhs_mean"] is None and scores["f_step"] is None
-    assert scores["by_type"] == {}
-
-
-async def test_judges_match_steps_and_score_lhs(tmp_path: Path) -> None:
-    items = mirage.load(write_mirage(tmp_path))[:3]
-    first = CannedJudge(
-        {
-            "Reference steps:": "Predicted steps: 3\nMatched predicted: 2\nReference steps: 2\nMatched reference: 2",
-            "Reference claims:": "Predicted claims: 12\nMatched predicted: 15\n"
-            "Reference claims: 1\nMatched reference: 1",
-            "Score the model": "Factual accuracy: 8\nLogical consistency: 7\nReasoning completeness: 6\n"
-            "Conceptual accuracy: 12\nStrategy appropriateness: **5**",
-        },
-        name="a",
-    )
-    second = CannedJudge({"Score the model": "I would rather not."}, name="b")
-    preds = {"mirage-1": {"text": "B", "reasoning": "The square is left."}, "mirage-3": {"text": "3"}}
-    out = await mirage.judge(items, preds, [first, second])
-    assert set(out) == {"mirage-1", "mirage-3"}  # mirage-2 has no prediction
-    one = out["mirage-1"]
-    assert one["step_match"] == {"pred": 3, "matched_pred": 2, "ref": 2, "matched_ref": 2}
-    assert one["claim_match"] == {"pred": 10, "matched_pred": 10, "ref": 1, "matched_ref": 1}  # clamped
-    assert one["lhs_scores"] == [[8, 7, 6, 10, 5]] * 2  # first judge × 2 references; the second failed twice
-    assert one["judge_errors"] == 2
-    assert out["mirage-3"] == {"step_match": None, "claim_match": None, "lhs_scores": [], "judge_errors": 0}
-    assert "The square is left." in first.prompts[0] and "1. The left shape is a square." in first.prompts[0]
-    merged = {k: {**preds[k], **v} for k, v in out.items()}
-    scores = mirage.score(items, merged)
-    assert scores["lhs_mean"] == pytest.approx(7.2) and scores["f_step"] == pytest.approx(0.8)
+    assert scores["accuracy"] is None and scores["lhs_mean"] is None and scores["claim_f1"] is None

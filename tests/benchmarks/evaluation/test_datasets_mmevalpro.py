@@ -1,108 +1,124 @@
-"""MMEvalPro loader (the hub's Parquet release, and JSON lines) and genuine accuracy over triplets."""
+"""MMEvalPro: the Parquet release layout and the official auto_score.py rules.
+
+The scoring checks run on 90 rows of the official demo outputs (demo_model_output.json, real rows: 10
+triplets of each source; data/README.md). Every expected figure below is counted by hand from those rows
+with auto_score.py's rules: right = `answer == model_output`; per source and over all rows; genuine =
+triplets (by triplet_id) with all members right; percentages rounded to 2; Macro_Average = mean of the
+rounded source figures. The release excerpt's index, triplet_id, answer, source and eval_type are the
+real ones of those demo rows; its question and choice texts are placeholders (the Parquet release is on
+the hub only).
+"""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
+from faithproxy.benchmarks.evaluation.cli import main as bench_main
 from faithproxy.benchmarks.evaluation.datasets import mmevalpro
+from faithproxy.benchmarks.evaluation.datasets.release import IMAGE_CACHE
+from tests.benchmarks.evaluation.releases import DATA, unpack
+
+DEMO = DATA / "mmevalpro" / "demo_model_output_excerpt.json"
 
 
-def png(colour=(255, 0, 0)) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8), colour).save(out, format="PNG")
-    return out.getvalue()
+@pytest.fixture
+def release_dir(tmp_path: Path) -> Path:
+    return unpack("mmevalpro", tmp_path / "MMEvalPro")
 
 
-def row(index, triplet, eval_type, answer, choices=("yes", "no", "unsure"), source="MMMU"):
-    return {
-        "index": index, "triplet_id": triplet, "eval_type": eval_type, "source": source,
-        "question": f"Question {index}?", "choices": list(choices), "answer": answer,
-        "question_category": "physics",
+def test_reads_the_parquet_release(release_dir: Path) -> None:
+    release = mmevalpro.read(release_dir)
+    assert release.problems == [] and release.splits == {"MMMU": 6, "MathVista": 3, "ScienceQA": 6}
+    items = {i.id: i for i in release.items}
+    assert len(items) == 15
+    first = items["mmevalpro-48"]
+    assert first.answer == "C" and first.options == ("option one", "option two", "option three", "option four")
+    assert first.extra["triplet_id"] == 17 and first.extra["eval_type"] == "Origin"
+    assert first.image == release_dir / IMAGE_CACHE / "mmevalpro-48.png" and first.image.stat().st_size > 0
+    assert first.prompt.endswith("Options: A. option one B. option two C. option three D. option four")
+    # answers no chosen letter can equal are kept (the official scorer counts them wrong) and noted
+    assert [n.record.split("(")[1] for n in release.notes] == ["index 62, triplet 21)", "index 6335, triplet 2112)"]
+    assert "'South Carolina'" in release.notes[1].detail
+
+
+def test_filters(release_dir: Path) -> None:
+    assert len(mmevalpro.load(release_dir, source="mathvista")) == 3
+    perception = mmevalpro.load(release_dir, eval_type="Perception")
+    assert [i.id for i in perception] == ["mmevalpro-49", "mmevalpro-61", "mmevalpro-2197", "mmevalpro-6322",
+                                          "mmevalpro-6334"]  # fmt: skip
+
+
+DEMO_FIGURES = {
+    # MMMU triplets 14-23: all right only 17; Origin right 14 17 20 22 23; Perception all but 18;
+    # Knowledge right 15 16 17 19 (21's answer is "Z")
+    "MMMU": {"genuine_accuracy_score": 10.0, "average_score": 60.0, "origin_score": 50.0,
+             "perception_score": 90.0, "knowledge_score": 40.0},
+    # MathVista triplets 724-733: all right only 733; Origin 725 730 732 733; Perception 724 726 727 728
+    # 731 733; Knowledge all but 726 729 731
+    "MathVista": {"genuine_accuracy_score": 10.0, "average_score": 56.67, "origin_score": 40.0,
+                  "perception_score": 60.0, "knowledge_score": 70.0},
+    # ScienceQA triplets 2108-2117: all right 2108 2114 2116; Origin all but 2115 2117; Perception all but
+    # 2110; Knowledge 2108 2110 2114 2115 2116 (2112's answer is "South Carolina")
+    "ScienceQA": {"genuine_accuracy_score": 30.0, "average_score": 73.33, "origin_score": 80.0,
+                  "perception_score": 90.0, "knowledge_score": 50.0},
+    # means of the rounded source figures
+    "Macro_Average": {"genuine_accuracy_score": 16.67, "average_score": 63.33, "origin_score": 56.67,
+                      "perception_score": 80.0, "knowledge_score": 53.33},
+    # all 90 rows: 5/30 triplets, 57/90 questions, 17 24 16 of 30 per type
+    "Micro_Average": {"genuine_accuracy_score": 16.67, "average_score": 63.33, "origin_score": 56.67,
+                      "perception_score": 80.0, "knowledge_score": 53.33},
+}  # fmt: skip
+
+
+def test_official_demo_rows() -> None:
+    assert mmevalpro.auto_score(json.loads(DEMO.read_text())) == DEMO_FIGURES
+
+
+def test_macro_average_of_the_published_demo_figures() -> None:
+    """The README's demo score file: per source as published; the script's macro rule gives its 25.81
+    genuine (and 59.66 average) from them. (Its micro 33.07 needs all 6,204 rows, which are not here.)"""
+    published = {
+        "MMMU": {"genuine_accuracy_score": 17.11, "average_score": 52.7, "origin_score": 45.13,
+                 "perception_score": 62.24, "knowledge_score": 50.74},
+        "MathVista": {"genuine_accuracy_score": 15.37, "average_score": 51.67, "origin_score": 55.93,
+                      "perception_score": 50.37, "knowledge_score": 48.7},
+        "ScienceQA": {"genuine_accuracy_score": 44.96, "average_score": 74.61, "origin_score": 80.54,
+                      "perception_score": 72.2, "knowledge_score": 71.09},
     }  # fmt: skip
+    assert mmevalpro.macro_average(published) == {
+        "genuine_accuracy_score": 25.81, "average_score": 59.66, "origin_score": 60.53, "perception_score": 61.6,
+        "knowledge_score": 56.84,
+    }  # fmt: skip
+    assert mmevalpro.macro_average({"MMMU": published["MMMU"]}) is None  # needs all three sources
 
 
-ROWS = [
-    row(1, 1, "Origin", "B"),
-    row(2, 1, "Perception", "A"),
-    row(3, 1, "Knowledge", "cat", choices=("dog", "cat")),  # the answer as option text
-    row(4, 2, "Origin", "B"),
-    row(5, 2, "Perception", "A"),
-    row(6, 2, "Knowledge", "A", choices=("dog", "cat")),
-    row(7, 3, "Origin", "C"),
-    row(8, 3, "Perception", "B", source="ScienceQA"),  # triplet 3 has no knowledge question
-]
+def test_run_predictions_score_like_the_official_rows(release_dir: Path) -> None:
+    """The chosen letter is the model output; the demo's outputs, said in words, give the demo's figures."""
+    items = mmevalpro.load(release_dir)
+    outputs = {str(r["index"]): r["model_output"] for r in json.loads(DEMO.read_text())}
+    outputs.update({"48": "C", "49": "C", "50": "C", "6333": "C", "6334": "A"})  # rows outside the demo excerpt
+    predictions = {i.id: {"id": i.id, "text": f"The answer is {outputs[i.id.split('-')[1]]}."} for i in items}
+    scores = mmevalpro.score(items, predictions)
+    assert scores["MMMU"]["genuine_accuracy_score"] == 50.0  # triplet 17 right, 21 wrong ("Z")
+    assert scores["ScienceQA"]["genuine_accuracy_score"] == 50.0  # 2108 right, 2112 wrong ("South Carolina")
+    assert scores["MathVista"]["genuine_accuracy_score"] == 100.0
+    assert scores["Micro_Average"]["average_score"] == 80.0  # 12 of 15: index 60 (C for A), 62, 6335
+    assert (scores["unmatchable_answers"], scores["unparsed"], scores["missing"]) == (2, 0, 0)
+    predictions["mmevalpro-48"] = {"id": "mmevalpro-48", "text": None, "error": "timeout"}
+    assert mmevalpro.score(items, predictions)["missing"] == 1
 
 
-def write_parquet(root: Path) -> Path:
-    (root / "data").mkdir(parents=True)
-    rows = [{**r, "image": {"bytes": png((r["index"] * 20, 0, 0)), "path": f"{r['index']}.png"}} for r in ROWS]
-    pq.write_table(pa.Table.from_pylist(rows[:4]), root / "data" / "MMMU-00000-of-00002.parquet")
-    pq.write_table(pa.Table.from_pylist(rows[4:]), root / "data" / "MMMU-00001-of-00002.parquet")
-    return root
-
-
-def test_loads_parquet_and_extracts_images_once(tmp_path: Path) -> None:
-    items = mmevalpro.load(write_parquet(tmp_path))
-    assert [i.id for i in items] == [f"mmevalpro-{n}" for n in range(1, 9)]
-    assert items[2].answer == "B" and items[2].options == ("dog", "cat")
-    assert items[0].prompt == "Question 1? Options: A. yes B. no C. unsure"
-    assert items[0].image.read_bytes() == png((20, 0, 0))
-    assert items[0].image.parent == tmp_path / ".faithproxy-images"
-    assert [i.extra["eval_type"] for i in items[:3]] == ["Origin", "Perception", "Knowledge"]
-    again = mmevalpro.load(tmp_path)  # the extracted images are not read as data
-    assert [i.image for i in again] == [i.image for i in items]
-
-
-def test_jsonl_and_source_filter(tmp_path: Path) -> None:
-    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
-    lines = [json.dumps({**r, "image": "x.png"}) for r in ROWS]
-    (tmp_path / "MMEvalPro.jsonl").write_text("\n".join(lines) + "\n")
-    items = mmevalpro.load(tmp_path, source="scienceqa")
-    assert [i.id for i in items] == ["mmevalpro-8"] and items[0].image == tmp_path / "x.png"
-
-
-PREDICTIONS = {
-    "mmevalpro-1": "The answer is B.",
-    "mmevalpro-2": {"text": "(a)"},
-    "mmevalpro-3": {"text": "The answer is cat."},
-    "mmevalpro-4": {"text": "B"},
-    "mmevalpro-5": {"text": r"\boxed{C}"},  # wrong: triplet 2 is not genuine
-    "mmevalpro-6": {"text": "A. dog"},
-    "mmevalpro-7": {"text": "Hard to say."},  # unparseable
-    "mmevalpro-8": {"text": "B"},
-}
-
-
-def test_genuine_accuracy_needs_the_whole_triplet(tmp_path: Path) -> None:
-    scores = mmevalpro.score(mmevalpro.load(write_parquet(tmp_path)), PREDICTIONS)
-    assert scores == {
-        "questions": 8,
-        "triplets": 2,
-        "genuine_accuracy": 0.5,
-        "average_accuracy": pytest.approx(6 / 8),
-        "origin_accuracy": pytest.approx(2 / 3),
-        "perception_accuracy": pytest.approx(2 / 3),
-        "knowledge_accuracy": 1.0,
-        "perception_consistency": 0.5,  # triplets 1 and 2 have the origin right; only 1 the perception
-        "knowledge_consistency": 1.0,
-        "incomplete_triplets": 1,
-        "unparsed": 1,
-    }
-    items = mmevalpro.load(tmp_path)
-    assert [mmevalpro.correct(i, PREDICTIONS[i.id]) for i in items] == [True] * 4 + [False, True, False, True]
-
-
-def test_empty_and_bad_answers(tmp_path: Path) -> None:
-    empty = mmevalpro.score([], {})
-    assert empty["genuine_accuracy"] is None and empty["knowledge_accuracy"] is None
-    assert empty["perception_consistency"] is None
-    (tmp_path / "MMEvalPro.jsonl").write_text(json.dumps(row(1, 1, "Origin", "maybe")))
-    with pytest.raises(ValueError, match="neither a letter"):
-        mmevalpro.load(tmp_path)
+def test_bench_score_on_the_official_output_format(
+    release_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = bench_main(["score", "--dataset", "mmevalpro", "--data-dir", str(release_dir), "--predictions", str(DEMO)])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["format"] == "official"
+    metrics = out["metrics"]
+    assert {k: metrics[k] for k in DEMO_FIGURES} == DEMO_FIGURES
+    # 90 demo rows; the release excerpt holds 15 of them (the others are not in it), all agreeing
+    assert (metrics["rows"], metrics["rows_not_in_release"], metrics["rows_disagreeing"]) == (90, 75, 0)

@@ -1,4 +1,11 @@
-"""MM-GCoT: answer and grounding accuracy, consistency, box conventions and the three prompt settings."""
+"""MM-GCoT on an excerpt of the real test files (18 records of dataset/GCoT_dataset_*_test.json;
+data/README.md), with generated stand-ins for the Visual Genome images they name (64 × 48 pixels).
+
+Expected figures follow the official eval.py, counted by hand per split: answer right when the reply's
+answer, periods removed and lower-cased, equals the gold lower-cased; box parsed by `parse_bbox`,
+converted (`--qwen`: pixels x1y1x2y2 over the original image size; `--internvl`: over 1000) to
+normalised x, y, w, h; hit when IoU with the gold box > 0.5; consistency = CR / (CR + CM + WR).
+"""
 
 from __future__ import annotations
 
@@ -6,145 +13,116 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from PIL import Image
 
 from faithproxy.benchmarks.evaluation.datasets import mmgcot
+from tests.benchmarks.evaluation.releases import IMAGE_SIZE, unpack
 
-GOLD = [20, 10, 120, 60]  # pixels of a 200 × 100 image
-
-
-def write_mmgcot(root: Path, answers=("red", "two", "cat", "3.5", "yes"), with_size: bool = True) -> Path:
-    (root / "images").mkdir(parents=True)
-    Image.new("RGB", (200, 100)).save(root / "images" / "a.jpg")
-    records = []
-    for k, answer in enumerate(answers):
-        record = {"id": k + 1, "image": "images/a.jpg", "question": f"Question {k + 1}?", "answer": answer,
-                  "bbox": GOLD}  # fmt: skip
-        if with_size:
-            record |= {"width": 200, "height": 100}
-        records.append(record)
-    (root / "mmgcot_test.json").write_text(json.dumps(records))
-    return root
+W, H = IMAGE_SIZE
 
 
-def test_settings_and_sizes(tmp_path: Path) -> None:
-    write_mmgcot(tmp_path, with_size=False)
-    for setting in mmgcot.SETTINGS:
-        item = mmgcot.load(tmp_path, setting=setting)[0]
-        assert item.prompt == f"Question 1?\n{mmgcot.SETTINGS[setting]}"
-        assert (item.extra["width"], item.extra["height"]) == (200, 100)  # read from the image
-        assert item.extra["boxes"] == [tuple(map(float, GOLD))] and item.answer == "red"
-    assert "Step k:" in mmgcot.SETTINGS["grounding_cot"]
-    with pytest.raises(ValueError, match="setting"):
-        mmgcot.load(tmp_path, setting="cot")
-    with pytest.raises(ValueError, match="box_format"):
-        mmgcot.load(tmp_path, box_format="yolo")
+@pytest.fixture
+def release_dir(tmp_path: Path) -> Path:
+    return unpack("mmgcot", tmp_path / "MM-GCoT")
 
 
-def test_answer_grounding_and_consistency(tmp_path: Path) -> None:
-    items = mmgcot.load(write_mmgcot(tmp_path), model_width="200", model_height="100")  # boxes in image pixels
+def pixels(box: tuple[float, ...]) -> str:
+    """A gold x, y, w, h box as the pixel x1y1x2y2 a Qwen model writes, in its JSON."""
+    x, y, w, h = box
+    return json.dumps([{"bbox_2d": [x * W, y * H, (x + w) * W, (y + h) * H], "label": "it"}])
+
+
+def test_reads_the_repository_layout(release_dir: Path) -> None:
+    release = mmgcot.read(release_dir)
+    assert release.problems == [] and release.splits == {"attributes": 7, "judge": 6, "objects": 5}
+    first = release.items[0]
+    assert first.id == "mmgcot-attributes-1" and first.answer == "Jeans"
+    assert first.image == release_dir / "vg" / "VG_100K" / "2361224.jpg"
+    assert first.extra["box"] == (0.210, 0.058, 0.435, 0.150)  # "[0.210, 0.058, 0.435, 0.150]": x, y, w, h
+    assert (first.extra["width"], first.extra["height"]) == (W, H)
+    assert first.prompt.startswith("What is the material of the hat") and "JSON format" in first.prompt
+    assert [i.id for i in mmgcot.load(release_dir, split="judge")][:2] == ["mmgcot-judge-0", "mmgcot-judge-1"]
+
+
+def test_repeated_ids_keep_apart(release_dir: Path) -> None:
+    """Ids repeat within a split in the release (not a key): the k-th repeat is `-k`."""
+    path = release_dir / "dataset" / "GCoT_dataset_objects_test.json"
+    records = json.loads(path.read_text())
+    path.write_text(json.dumps([*records, {**records[0], "question": "What else is on the table?"}]))
+    ids = [i.id for i in mmgcot.load(release_dir, split="objects")]
+    assert ids[0] == "mmgcot-objects-8" and ids[-1] == "mmgcot-objects-8-2"
+
+
+def test_a_record_without_a_box_is_a_problem(release_dir: Path) -> None:
+    path = release_dir / "dataset" / "GCoT_dataset_judge_test.json"
+    records = json.loads(path.read_text())
+    records[2]["coordinate"] = "unknown"
+    path.write_text(json.dumps(records))
+    release = mmgcot.read(release_dir, split="judge")
+    assert release.problem_counts == {"unreadable_record": 1} and "'unknown'" in release.problems[0].detail
+
+
+def test_official_figures_per_split(release_dir: Path) -> None:
+    items = {i.id: i for i in mmgcot.load(release_dir)}
+    box = {k: i.extra["box"] for k, i in items.items()}
     predictions = {
-        "mmgcot-1": {"text": "Step 1: the ball is at [20, 10, 120, 60].\nAnswer: Red."},  # right, hit
-        "mmgcot-2": {"text": "Step 1: the cups are at [0, 0, 10, 10].\nAnswer: two"},  # right, miss
-        "mmgcot-3": {"text": "Step 1: the animal is at [25, 10, 125, 60].\nAnswer: dog"},  # wrong, hit (IoU .905)
-        "mmgcot-4": {"text": "No box here. The answer is 3.5"},  # right (periods dropped), no box
-        # mmgcot-5 missing: wrong, no box
+        # attributes: CR, CM, WR, WM (no box), and three unanswered (WM)
+        "mmgcot-attributes-1": f"Answer: Jeans.\n{pixels(box['mmgcot-attributes-1'])}",
+        "mmgcot-attributes-3": "Answer: white\n[0, 0, 5, 5]",
+        "mmgcot-attributes-4": f"Answer: Blue\n{pixels(box['mmgcot-attributes-4'])}",
+        "mmgcot-attributes-5": "Answer: Raw",
+        # judge: one CR, five unanswered
+        "mmgcot-judge-0": f"<think>The napkin is held.</think>{pixels(box['mmgcot-judge-0'])}\nAnswer: Yes",
     }
-    scores = mmgcot.score(items, predictions)
-    assert scores == {
-        "questions": 5,
-        "answer_accuracy": pytest.approx(3 / 5),
-        "grounding_accuracy": pytest.approx(2 / 5),
-        "consistency": pytest.approx(1 / 4),
-        "CR": 1,
-        "CM": 2,
-        "WR": 1,
-        "WM": 1,
-        "no_box": 2,
-    }
-    assert [mmgcot.correct(i, predictions.get(i.id)) for i in items] == [True, True, False, True, False]
+    scores = mmgcot.score(list(items.values()), predictions)
+    attributes, judge, objects = (scores["by_split"][s] for s in ("attributes", "judge", "objects"))
+    assert (attributes["CR"], attributes["CM"], attributes["WR"], attributes["WM"]) == (1, 1, 1, 4)
+    assert attributes["answer_accuracy"] == pytest.approx(2 / 7)
+    assert attributes["grounding_accuracy"] == pytest.approx(2 / 7)
+    assert attributes["consistency"] == pytest.approx(1 / 3)
+    assert (judge["answer_accuracy"], judge["consistency"]) == (pytest.approx(1 / 6), 1.0)
+    assert (objects["answer_accuracy"], objects["consistency"]) == (0.0, None)  # CR + CM + WR = 0
+    assert (scores["questions"], scores["answer_accuracy"]) == (18, pytest.approx(3 / 18))
+    assert scores["consistency"] == 0.5  # CR 2 / (CR 2 + CM 1 + WR 1)
+    assert (scores["no_box"], scores["missing"]) == (14, 13)
 
 
-def test_boxes_in_the_reasoning_and_first_box_for_grounding_first(tmp_path: Path) -> None:
-    write_mmgcot(tmp_path, answers=("red",))
-    reply = "<think>Step 1: the ball is at [20, 10, 120, 60]. Step 2: the bat is at [0, 0, 5, 5].</think>\nAnswer: red"
-    cot = mmgcot.load(tmp_path)
-    assert mmgcot.score(cot, {"mmgcot-1": reply})["CM"] == 1  # the last box (the bat) misses
-    first = mmgcot.load(tmp_path, setting="grounding_first")
-    assert mmgcot.score(first, {"mmgcot-1": reply})["CR"] == 1
+def test_internvl_and_raw_conventions_and_the_official_result_file(release_dir: Path) -> None:
+    """eval.py's input: JSON lines with question_id, img, text (answer turn), coor (box turn)."""
+    items = mmgcot.load(release_dir, split="attributes", box_format="internvl")
+    rows = [
+        {"question_id": 1, "img": "vg/VG_100K/2361224.jpg", "text": "Jeans.", "coor": "[210, 58, 645, 208]",
+         "gt_text": "Jeans", "gt_coor": "[0.210, 0.058, 0.435, 0.150]"},
+        {"question_id": 3, "img": "vg/VG_100K/2365383.jpg", "text": "Gray", "coor": "[38, 660, 454, 990]",
+         "gt_text": "White", "gt_coor": "[0.038, 0.660, 0.416, 0.330]"},
+    ]  # fmt: skip
+    predictions = mmgcot.from_official(rows, items)
+    assert predictions is not None and set(predictions) == {"mmgcot-attributes-1", "mmgcot-attributes-3"}
+    scores = mmgcot.score([i for i in items if i.id in predictions], predictions)
+    assert (scores["CR"], scores["WR"]) == (1, 1)  # 0-1000 x1y1x2y2 boxes equal to the gold ones
+    raw = mmgcot.load(release_dir, split="attributes", box_format="raw")
+    hit, read = mmgcot.hit(raw[0], "[0.210, 0.058, 0.435, 0.150]")  # the official default: already x, y, w, h
+    assert hit and read
 
 
 @pytest.mark.parametrize(
-    ("box_format", "box", "model_size"),
+    ("text", "box"),
     [
-        ("qwen25", (20, 10, 120, 60), None),
-        ("qwen25", (40, 20, 240, 120), (400, 200)),  # pixels of the resized input
-        ("qwen2", (100, 100, 600, 600), None),
-        ("internvl", (100, 100, 600, 600), None),
-        ("norm_xyxy", (0.1, 0.1, 0.6, 0.6), None),
-        ("norm_xywh", (0.1, 0.1, 0.5, 0.5), None),
+        ('[{"bbox_2d": [10, 20, 30, 40], "label": "cup"}]', [10.0, 20.0, 30.0, 40.0]),
+        ("(0.1, 0.2, 0.3, 0.4)", [0.1, 0.2, 0.3, 0.4]),  # no bracket: the text minus its ends
+        ("[1, 2, 3]", [0.0, 0.0, 0.0, 0.0]),  # fewer than four numbers
+        ("[-5, 2, 3, 4]", [-5.0, 2.0, 3.0, 4.0]),  # no match (minus sign): read whole, minus its ends
+        (None, [0.0, 0.0, 0.0, 0.0]),
     ],
 )
-def test_box_conventions(box_format: str, box: tuple[float, ...], model_size: tuple[int, int] | None) -> None:
-    assert mmgcot.to_pixels(box, box_format, 200, 100, model_size) == pytest.approx(GOLD)
+def test_parse_bbox_as_official(text: str | None, box: list[float]) -> None:
+    assert mmgcot.parse_bbox(text) == box
 
 
-@pytest.mark.parametrize(
-    ("size", "limits", "expected"),
-    [
-        ((200, 100), {}, (196, 112)),  # sides rounded to multiples of 28
-        ((2000, 1000), {"max_pixels": 78400}, (392, 196)),  # scaled down into the budget
-        ((20, 10), {}, (84, 56)),  # scaled up to the minimum
-    ],
-)
-def test_qwen_resize(size: tuple[int, int], limits: dict[str, int], expected: tuple[int, int]) -> None:
-    assert mmgcot.qwen_resized(*size, **limits) == expected
-
-
-def test_qwen25_boxes_are_in_pixels_of_the_resized_image(tmp_path: Path) -> None:
-    write_mmgcot(tmp_path, answers=("red",))
-    (item,) = mmgcot.load(tmp_path)
-    assert item.extra["model_size"] == (196, 112)
-    # the gold box as the model sees it: x scaled by 196/200, y by 112/100
-    assert mmgcot.iou(mmgcot.to_pixels((19.6, 11.2, 117.6, 67.2), "qwen25", 200, 100, (196, 112)), GOLD) == (
-        pytest.approx(1.0)
-    )
-    assert mmgcot.score([item], {"mmgcot-1": "Answer: red [19.6, 11.2, 117.6, 67.2]"})["CR"] == 1
-    small = mmgcot.load(tmp_path, qwen_max_pixels=str(28 * 28 * 4), qwen_min_pixels="784")[0]
-    assert small.extra["model_size"] == (56, 28)
-    given = mmgcot.load(tmp_path, model_width="400", model_height="200")[0]
-    assert given.extra["model_size"] == (400, 200)
-
-
-def test_iou_threshold_is_strict(tmp_path: Path) -> None:
-    assert mmgcot.iou((0, 0, 100, 100), (0, 0, 100, 50)) == 0.5
-    assert mmgcot.iou((0, 0, 10, 10), (20, 20, 30, 30)) == 0.0
-    assert mmgcot.iou((0, 0, 0, 10), (0, 0, 0, 10)) == 0.0  # degenerate
-    assert mmgcot.iou((120, 60, 20, 10), tuple(GOLD)) == 1.0  # corners in any order
-    write_mmgcot(tmp_path, answers=("red",))
-    items = mmgcot.load(tmp_path, box_format="internvl")
-    # [100, 100, 600, 350] on the 0-1000 grid is (20, 10, 120, 35): IoU exactly 0.5, not a hit
-    assert mmgcot.score(items, {"mmgcot-1": "Answer: red [100, 100, 600, 350]"})["CM"] == 1
-    assert mmgcot.score(items, {"mmgcot-1": "Answer: red [100, 100, 600, 600]"})["CR"] == 1
-
-
-def test_empty_and_answer_extraction() -> None:
-    scores = mmgcot.score([], {})
-    assert scores["answer_accuracy"] is None and scores["consistency"] is None
-    assert mmgcot.extract_answer("Step 1: x is at [1, 2, 3, 4]\nThe dog [1, 2, 3, 4]") == "The dog"
-    assert mmgcot.extract_answer("<think>unfinished") is None
-    assert mmgcot.normalize_answer("  Mr. Smith. ") == "mr smith"
-
-
-_coord = st.floats(min_value=0, max_value=1000, allow_nan=False)
-
-
-@given(a=st.tuples(_coord, _coord, _coord, _coord), b=st.tuples(_coord, _coord, _coord, _coord))
-def test_iou_is_symmetric_and_bounded(a: tuple[float, ...], b: tuple[float, ...]) -> None:
-    value = mmgcot.iou(a, b)
-    assert 0.0 <= value <= 1.0 + 1e-9
-    assert value == pytest.approx(mmgcot.iou(b, a))
-    if abs(a[2] - a[0]) > 1e-3 and abs(a[3] - a[1]) > 1e-3:
-        assert mmgcot.iou(a, a) == pytest.approx(1.0)
+def test_iou_threshold_is_strict_and_answers_compare_as_official() -> None:
+    assert mmgcot.iou_xywh((0, 0, 1, 1), (0, 0, 1, 1)) == 1.0
+    assert mmgcot.iou_xywh((0, 0, 1, 1), (0, 0, 1, 0.5)) == 0.5  # not a hit: > 0.5 is needed
+    assert mmgcot.iou_xywh((0, 0, 0, 0), (0, 0, 0, 0)) == 0.0
+    assert mmgcot.answer_right("Lying on.", "Lying on") and mmgcot.answer_right("ipod", "IPod")
+    assert not mmgcot.answer_right("a bowl", "Bowl")
+    assert mmgcot.extract_answer('[{"bbox_2d": [1, 2, 3, 4]}]\nAnswer: Bowl.') == "Bowl."
+    assert mmgcot.extract_answer("The bowl.\n[1, 2, 3, 4]") == "The bowl."

@@ -10,6 +10,7 @@ from PIL import Image
 
 from faithproxy.benchmarks.evaluation import datasets
 from faithproxy.benchmarks.evaluation.datasets import mmvp
+from faithproxy.benchmarks.evaluation.datasets.release import DatasetError
 
 ROWS = [  # index, question, options, correct answer
     ("1", "Is the door open or closed?", "(a) Open (b) Closed", "(a)"),
@@ -91,5 +92,44 @@ def test_registry_suggests_a_name() -> None:
 
 
 def test_missing_file_names_the_layout(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="Questions.csv"):
+    with pytest.raises(DatasetError, match="Questions.csv"):
         mmvp.load(tmp_path)
+
+
+def test_a_missing_image_stops_the_load_naming_the_file_and_the_count(tmp_path: Path) -> None:
+    root = write_mmvp(tmp_path)
+    (root / "MMVP Images" / "3.jpg").unlink()
+    (root / "MMVP Images" / "5.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(DatasetError) as caught:
+        mmvp.load(root)
+    message = str(caught.value)
+    assert "2 record(s) cannot be used" in message and "missing_image 1" in message
+    assert "unreadable_image 1" in message and "Index 3" in message and "3.jpg" in message
+    release = mmvp.read(root)
+    assert [i.id for i in release.items] == ["mmvp-1", "mmvp-2", "mmvp-4", "mmvp-6"]  # the rest stay usable
+    assert release.splits == {"test": 6}
+
+
+def test_an_answer_beyond_the_options_is_a_problem(tmp_path: Path) -> None:
+    rows = [*ROWS[:2], ("3", "Which one?", "(a) Left (b) Right", "(c)")]
+    release = mmvp.read(write_mmvp(tmp_path, rows=rows))
+    assert release.problem_counts == {"unknown_value": 1}
+    assert "Correct Answer '(c)'" in release.problems[0].detail
+
+
+def test_official_answer_file_and_its_judge(tmp_path: Path) -> None:
+    """scripts/evaluate_mllm.py writes question_id / response; gpt_grader.py's yes|no decides when kept
+    (kept here as gpt_grade). Pair accuracy: pair 1 both yes, pair 2 one no, pair 3 both read right."""
+    items = mmvp.load(write_mmvp(tmp_path))
+    records = [
+        {"question_id": 1, "prompt": "...", "answer": "(a)", "response": "(b) Closed", "gpt_grade": "yes"},
+        {"question_id": 2, "prompt": "...", "answer": "(b)", "response": "(b)", "gpt_grade": "yes"},
+        {"question_id": 3, "prompt": "...", "answer": "(a)", "response": "(a)", "gpt_grade": "no"},
+        {"question_id": 4, "prompt": "...", "answer": "(b)", "response": "(b)", "gpt_grade": "yes"},
+        {"question_id": 5, "prompt": "...", "answer": "(b)", "response": "(b) No"},
+        {"question_id": 6, "prompt": "...", "answer": "(a)", "response": "The answer is (a)."},
+    ]
+    predictions = mmvp.from_official(records, items)
+    assert predictions is not None and mmvp.from_official([{"id": "mmvp-1"}], items) is None
+    scores = mmvp.score(items, predictions)
+    assert (scores["pairs"], scores["pair_accuracy"]) == (3, pytest.approx(2 / 3))
