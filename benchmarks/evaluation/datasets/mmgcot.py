@@ -134,7 +134,8 @@ def read(
     if box_format not in BOX_FORMATS:
         raise ValueError(f"MM-GCoT: box_format must be one of {', '.join(BOX_FORMATS)}, not {box_format!r}")
     data_dir = Path(data_dir)
-    image_root = Path(images) if images and Path(images).is_absolute() else data_dir / images
+    given = Path(images).expanduser()
+    image_root = given if images and given.is_absolute() else data_dir / images
     release = Release("mmgcot")
     for name, path in split_files(data_dir, split):
         if not path.exists():
