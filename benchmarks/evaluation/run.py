@@ -72,7 +72,7 @@ _FAITHFUL = {"faithful": True, "unfaithful": False}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help=f"one of: {', '.join(datasets.DATASETS)}")
-    parser.add_argument("--data-dir", required=True, type=Path, help="the benchmark's files (see the README)")
+    parser.add_argument("--data-dir", required=True, type=Path, help="the release as unpacked (docs/datasets.md)")
     parser.add_argument("--target", required=True, help="base URL of faithproxy or vLLM (with or without /v1)")
     parser.add_argument("--mode", choices=tuple(MODE_HEADER_VALUES), default="correct")
     parser.add_argument("--model", help="model name to request (default: the target's first model)")

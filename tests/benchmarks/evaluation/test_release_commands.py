@@ -132,3 +132,23 @@ async def test_skip_missing_leaves_them_out_and_says_how_many(tmp_path: Path) ->
     assert scores["skipped"] == {"records": 1, "by_kind": {"missing_image": 1}}
     asked = bench_run.read_jsonl(out / "predictions.jsonl")
     assert sorted(asked) == ["mmgcot-attributes-3", "mmgcot-attributes-4"]  # the first usable items
+
+
+def test_score_a_judged_run_with_its_judgements(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """FREAK free form: the judge's labels live in judgements.jsonl; `--judgements` merges them."""
+    root = unpack("freak", tmp_path / "freak")
+    (tmp_path / "predictions.jsonl").write_text("".join(
+        json.dumps({"id": f"freak-{n}-open", "text": "An answer."}) + "\n" for n in (2, 4, 6)
+    ))  # fmt: skip
+    (tmp_path / "judgements.jsonl").write_text(
+        json.dumps({"id": "freak-2-open", "judgement": "correct"}) + "\n"
+        + json.dumps({"id": "freak-4-open", "judgement": "commonsense_error"}) + "\n"
+    )
+    argv = ["score", "--dataset", "freak", "--data-dir", str(root), "--loader-arg", "mode=open",
+            "--predictions", str(tmp_path / "predictions.jsonl")]  # fmt: skip
+    code, out, _ = bench(capsys, *argv, "--judgements", str(tmp_path / "judgements.jsonl"))
+    assert code == 0 and out["items_scored"] == 3
+    metrics = out["metrics"]
+    assert (metrics["open_judged"], metrics["open_unjudged"], metrics["open_accuracy"]) == (2, 1, 0.5)
+    code, out, _ = bench(capsys, *argv)  # without them nothing is judged, and it says so
+    assert out["metrics"]["open_judged"] == 0 and out["metrics"]["open_accuracy"] is None
