@@ -27,8 +27,9 @@ Scoring follows the official `utils.py` (the version released with the current H
   the question-group accuracy over the questions of figure_id 0 (the original figure, or no figure for
   VS) and over the others. (That utils.py splits by figure_id; a split by visual_input {0, 1} vs 2
   survives there only as a commented-out line. The two differ for VS figures with visual_input 1, e.g.
-  VS/chart/5/1: hard by figure_id, as the README's definition "VS hard: with visual input" says.) The same figures per category under `by_category`. Fractions (0-1); the
-  official tables print them ×100;
+  VS/chart/5/1: hard by figure_id, as the README's definition "VS hard: with visual input" says.)
+  The same figures per category under `by_category`. Fractions (0-1); the official tables print
+  them ×100;
 - a failed or missing prediction is wrong (code 0) and counted in `missing`, never read as "uncertain".
 
 Loader options: `instruction` (text appended to every question after a space; default none).
