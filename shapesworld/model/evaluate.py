@@ -1,6 +1,6 @@
 """Held-out evaluation of a ShapesWorld model through real vLLM, and vLLM/transformers parity.
 
-    python -m shapesworld.model.evaluate --model shapesworld/model/weights --n 150 --out var/sw-eval.json
+    python -m faithproxy.shapesworld.model.evaluate --model shapesworld/model/weights --n 150 --out var/sw-eval.json
 
 Runs in two phases so that the two engines never compete for the CPU: first transformers' greedy
 `generate` on the first `--parity` held-out chains, one request at a time (`greedy.generate_one`);
@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.parity > args.n:
         parser.error("--parity cannot exceed --n")
     result = evaluate(args.model, args.n, args.parity, args.aux, args.concurrency, args.max_new_tokens, args.vllm_log)
-    result["command"] = "python -m shapesworld.model.evaluate " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["command"] = "python -m faithproxy.shapesworld.model.evaluate " + (
+        " ".join(sys.argv[1:] if argv is None else argv)
+    )
     text = json.dumps(result, indent=2)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
