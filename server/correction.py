@@ -212,6 +212,7 @@ class CorrectionCore:
         self.stats = SessionStats() if stats is None else stats
         self.field_names = {} if field_names is None else field_names  # the delta field of each channel
         self.budget = CompletionBudget(rules.completion_budget)
+        self._batch_limit = max(1, rules.max_batch_steps)  # a batch holds at least the step at its head
         self._out: deque[Action] = deque()
         self._over = False
         self._accepted_raw = {Channel.REASONING: "", Channel.CONTENT: ""}
@@ -273,7 +274,7 @@ class CorrectionCore:
         elif detect and isinstance(item, ExtraDelta):
             self._out.append(EmitExtra(item.delta))
         elif not detect:
-            self._pending.append(item)
+            self._pending.append(item)  # steps, trailing raw and extras, in order (deltas are not sent)
         # detect mode drops TrailingRaw: its text went out as TextDelta
 
     def _tally_round(self) -> None:
@@ -314,7 +315,7 @@ class CorrectionCore:
         steps = 0
         while self._pending:
             if isinstance(self._pending[0], Step):
-                if steps == self.rules.max_batch_steps:
+                if steps == self._batch_limit:
                     break
                 steps += 1
             batch.append(self._pending.popleft())
@@ -334,7 +335,7 @@ class CorrectionCore:
 
     def _decide_detect(self) -> None:
         while self._to_check and self._batch is None:
-            limit = self.rules.max_batch_steps
+            limit = self._batch_limit
             batch, self._to_check = self._to_check[:limit], self._to_check[limit:]
             if self._worth_checking(batch):
                 self._batch = list(batch)
@@ -412,7 +413,6 @@ class CorrectionCore:
                 self._out.append(EmitText(item.channel, self._field(item.channel), item.raw))
             elif isinstance(item, ExtraDelta):
                 self._out.append(EmitExtra(item.delta))
-            # TextDelta: correct mode sends whole steps instead
         if any(isinstance(i, Step) for i in batch):
             self._after_batch()
 

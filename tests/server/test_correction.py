@@ -409,6 +409,13 @@ CORRECT = [
         {"max_batch_steps": 2},
     ),
     Case(
+        "a-batch-limit-below-one-still-checks-one-step-at-a-time",
+        [(p("A1."), p("A2."), end()), verdicts("F"), verdicts("F")],
+        ["start", "check A1.", "step A1.", "check A2.", "step A2.", "end stop"],
+        [("A1.", "faithful/faithful"), ("A2.", "faithful/faithful")],
+        {"max_batch_steps": 0},
+    ),
+    Case(
         "no-call-for-reasoning-when-the-detector-does-not-type-steps",
         [(r("So A."), end())],
         ["start", "step So A.", "end stop"],
