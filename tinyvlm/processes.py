@@ -6,6 +6,15 @@ signal the group: whatever the child forked goes down with it. Waiting for a chi
 its health URL and, between polls, checks that the child is still running, so a child that crashed
 is reported at once, with the tail of its log, instead of after the whole timeout.
 
+A child in its own session gets none of the signals meant for its parent (Ctrl-C reaches the
+terminal's foreground group only), so the parent must stop its children itself, however it ends.
+`supervised()` makes sure of that: every launcher runs inside it. Within it SIGTERM and SIGHUP (what
+`timeout`, `docker stop`, systemd and a closed terminal send) raise `Terminated` in the main thread
+instead of killing the process on the spot, SIGINT raises KeyboardInterrupt even where the shell
+started the process with SIGINT ignored (`cmd &` in a script), and on the way out, by whatever
+exception or none, every child started inside and still running is stopped. Only SIGKILL, which no
+process can catch, still leaves children behind.
+
 It lives in tinyvlm because that is the lowest folder its users (tinyvlm's vLLM starter, shapesworld's
 demo, the benchmarks, the tests) all import; the product layers (faithcore, clients, detectors,
 regenerators, server) start no processes and must not import it.
@@ -18,11 +27,15 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
 
 STOP_GRACE_S = 10.0  # how long a child has to exit after SIGTERM before its group gets SIGKILL
 POLL_S = 0.25
@@ -93,15 +106,17 @@ class Child:
         """SIGTERM to the child's process group; after `grace_s`, or once the child has exited,
         SIGKILL to whatever is left of the group (helpers it forked and did not end). Safe to call
         again, and on a child that has already exited."""
-        if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(self.grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(self.process.pid, signal.SIGKILL)  # the group id is the child's pid (own session)
-        if self.process.poll() is None:
-            self.process.wait(5)
+        with _deferred_signals():  # a stop cut short by a second Ctrl-C would leave the group running
+            if self.process.poll() is None:
+                _signal_group(self.process.pid, signal.SIGTERM)
+                try:
+                    self.process.wait(self.grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            _signal_group(self.process.pid, signal.SIGKILL)  # the group id is the child's pid (own session)
+            if self.process.poll() is None:
+                self.process.wait(5)
+            _forget(self)
 
     def __enter__(self) -> Child:
         return self
@@ -133,8 +148,9 @@ def spawn(
     closed. `env` is the child's whole environment (None: this process's); `grace_s` is how long
     `stop()` gives it to exit on SIGTERM."""
     log_path = Path(log_path)
-    # The child writes through its own copy of the descriptor; ours is closed at once.
-    with log_path.open("wb") as log:
+    # No signal may land between the fork and the registration: the child would run unrecorded.
+    # The child writes through its own copy of the log descriptor; ours is closed at once.
+    with _deferred_signals(), log_path.open("wb") as log:
         process = subprocess.Popen(
             list(argv),
             stdout=log,
@@ -144,7 +160,9 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
         )
-    return Child(name, process, log_path, grace_s)
+        child = Child(name, process, log_path, grace_s)
+        _record(child)
+    return child
 
 
 def start(
@@ -183,3 +201,143 @@ def stop_all(children: Sequence[Child | None]) -> None:
             errors.append(exc)
     if errors:
         raise errors[0]
+
+
+# ---- stopping the children with the parent ---------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived inside `supervised()`. A BaseException, like KeyboardInterrupt, so
+    that `except Exception` does not swallow it on the way out; `supervised()` turns it into
+    `SystemExit(128 + signum)`, the exit status a shell reports for a process ended by that signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class _Supervision:
+    """The module's one record of open `supervised()` scopes and of the signal handlers they replaced.
+    Signal handlers run in the main thread only, so only the main thread defers them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.scopes: list[list[Child]] = []  # children started inside each open scope, innermost last
+        self.saved: dict[int, Any] = {}  # signal -> the handler to put back when the outermost scope ends
+        self.deferring = 0  # depth of `_deferred_signals()` in the main thread
+        self.pending: int | None = None  # a signal that arrived while deferring, raised once that ends
+
+
+_supervision = _Supervision()
+
+
+def _exception_for(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if _supervision.deferring:
+        if _supervision.pending is None:
+            _supervision.pending = signum
+        return
+    raise _exception_for(signum)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def _deferred_signals() -> Iterator[None]:
+    """Holds back the exceptions of stop signals while the block runs (a spawn and its registration,
+    a stop), then raises the first that arrived, even over an exception already on its way out: the
+    signal asks for the whole unwind, which that exception might not cause (a retry loop may catch it)."""
+    if not _in_main_thread():
+        yield
+        return
+    _supervision.deferring += 1
+    try:
+        yield
+    finally:
+        _supervision.deferring -= 1
+        if not _supervision.deferring and _supervision.pending is not None:
+            signum, _supervision.pending = _supervision.pending, None
+            raise _exception_for(signum)
+
+
+def _record(child: Child) -> None:
+    with _supervision.lock:
+        if _supervision.scopes:
+            _supervision.scopes[-1].append(child)
+
+
+def _forget(child: Child) -> None:
+    with _supervision.lock:
+        for scope in _supervision.scopes:
+            if child in scope:
+                scope.remove(child)
+
+
+def _install_handlers() -> None:
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        # SIGINT is taken over even when ignored: a shell starts `cmd &` with SIGINT ignored, and such
+        # a process must still stop on it. A hangup someone chose to ignore (nohup) stays ignored.
+        if signum == signal.SIGHUP and current == signal.SIG_IGN:
+            continue
+        _supervision.saved[signum] = current
+        signal.signal(signum, _on_signal)
+
+
+def _restore_handlers() -> None:
+    for signum, handler in _supervision.saved.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    _supervision.saved.clear()
+
+
+class supervised:  # noqa: N801 - used as a statement: `with supervised():`
+    """`with supervised(): ...` around a launcher's work: SIGINT, SIGTERM and SIGHUP unwind the main
+    thread (KeyboardInterrupt, `Terminated`) instead of ending the process where it stands, and on
+    leaving the block, whatever the reason, every child `spawn`ed inside and not yet stopped is
+    stopped (the last started first) with its whole process group. A `Terminated` leaves as
+    `SystemExit(128 + signum)`. The handlers it replaced are put back when the outermost block ends.
+
+    Scopes nest (an inner one stops its own children when it ends). Handlers can only be installed
+    from the main thread; entered from another thread, the block still stops its children."""
+
+    def __enter__(self) -> supervised:
+        with _supervision.lock:
+            outermost = not _supervision.scopes
+            _supervision.scopes.append([])
+        if outermost and _in_main_thread():
+            _install_handlers()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        late: BaseException | None = None
+        try:
+            with _deferred_signals():
+                try:
+                    with _supervision.lock:
+                        children = list(_supervision.scopes[-1])
+                    stop_all(children)
+                finally:
+                    with _supervision.lock:
+                        _supervision.scopes.pop()
+                        outermost = not _supervision.scopes
+                    if outermost and _in_main_thread():
+                        _restore_handlers()
+        except (KeyboardInterrupt, Terminated) as caught:
+            late = caught
+        # A signal that came while the children were being stopped asks for the unwind that is under
+        # way already, unless the block was ending normally or by an exception someone might catch.
+        if late is not None and not isinstance(exc, (KeyboardInterrupt, Terminated, SystemExit)):
+            if isinstance(late, KeyboardInterrupt):
+                raise late
+            exc = late
+        if isinstance(exc, Terminated):
+            raise SystemExit(128 + exc.signum) from exc

@@ -167,3 +167,153 @@ def test_stop_all_stops_every_child_even_when_one_fails(tmp_path: Path) -> None:
         processes.stop_all([first, None, broken])
     assert first.process.returncode == -signal.SIGTERM
     second.stop()
+
+
+# ---- supervised(): the children stop with the parent ----------------------------------------------
+
+# A child that forks a grandchild and writes "child grandchild" to its pid file, then waits.
+FORKING_CHILD = r"""
+import os, subprocess, sys, time
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+open(sys.argv[1] + ".tmp", "w").write(f"{os.getpid()} {grandchild.pid}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(300)
+"""
+
+# A launcher as the repo's are written: children started inside `supervised()`. It writes whether
+# SIGINT was ignored when it started, waits until both children have written their pid files, says
+# "ready", then waits (or, with "fail", raises as a launcher that breaks would).
+LAUNCHER = r"""
+import signal, sys, time
+from pathlib import Path
+from faithproxy.tinyvlm.processes import spawn, supervised
+work, how = Path(sys.argv[1]), sys.argv[2]
+(work / "sigint").write_text("ignored" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "handled")
+with supervised():
+    for n in (1, 2):
+        spawn([sys.executable, "-c", sys.argv[3], str(work / f"child{n}.pids")], work / f"child{n}.log", name=f"c{n}")
+    while not all((work / f"child{n}.pids").exists() for n in (1, 2)):
+        time.sleep(0.05)
+    (work / "ready").write_text("")
+    if how == "fail":
+        raise RuntimeError("the launcher broke")
+    time.sleep(300)
+"""
+
+
+def _launch(tmp_path: Path, how: str = "wait", *, background_from_script: bool = False) -> int:
+    """Starts LAUNCHER (directly, or as `cmd &` from a bash script, which ignores SIGINT in it) and
+    returns its pid once its children and grandchildren run."""
+    argv = [sys.executable, "-c", LAUNCHER, str(tmp_path), how, FORKING_CHILD]
+    if background_from_script:
+        # Non-interactive bash starts a background command with SIGINT and SIGQUIT ignored.
+        script = '"$@" & echo $! > "$PIDFILE"; wait'
+        env = {**os.environ, "PIDFILE": str(tmp_path / "launcher.pid")}
+        wrapper = processes.spawn(["bash", "-c", script, "bash", *argv], tmp_path / "bash.log", name="bash", env=env)
+        _wait_for(lambda: (tmp_path / "launcher.pid").exists() and (tmp_path / "launcher.pid").read_text().strip())
+        pid = int((tmp_path / "launcher.pid").read_text())
+        _launched.append(wrapper)
+    else:
+        child = processes.spawn(argv, tmp_path / "launcher.log", name="launcher")
+        _launched.append(child)
+        pid = child.pid
+    _wait_for(lambda: (tmp_path / "ready").exists() or not _alive(pid))
+    return pid
+
+
+_launched: list[Child] = []  # stopped after each test, whatever it asserted
+
+
+@pytest.fixture(autouse=True)
+def _stop_launched() -> object:
+    yield
+    processes.stop_all(_launched)
+    _launched.clear()
+
+
+def _wait_for(condition: object, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.05)
+
+
+def _descendants(tmp_path: Path) -> list[int]:
+    return [int(pid) for n in (1, 2) for pid in (tmp_path / f"child{n}.pids").read_text().split()]
+
+
+def _exit_status(pid: int, tmp_path: Path) -> int | None:
+    """The launcher's exit status when this test started it directly (None behind bash)."""
+    for child in _launched:
+        if child.pid == pid:
+            return child.process.wait(TIMEOUT_S)
+    _wait_for(lambda: not _alive(pid))
+    return None
+
+
+@pytest.mark.parametrize(
+    ("sig", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGHUP, 128 + signal.SIGHUP),
+                        (signal.SIGINT, -signal.SIGINT)]
+)  # fmt: skip
+def test_a_signal_to_the_launcher_stops_every_child_and_grandchild(
+    tmp_path: Path, sig: signal.Signals, status: int
+) -> None:
+    pid = _launch(tmp_path)
+    pids = _descendants(tmp_path)
+    assert all(_alive(p) for p in pids)
+    os.kill(pid, sig)
+    assert _exit_status(pid, tmp_path) == status  # SIGINT: Python re-raises it after unwinding
+    _wait_for(lambda: not any(_alive(p) for p in pids))  # SIGKILL lands asynchronously
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_sigint_stops_a_launcher_started_in_the_background_from_a_script(tmp_path: Path) -> None:
+    pid = _launch(tmp_path, background_from_script=True)
+    assert (tmp_path / "sigint").read_text() == "ignored"  # the case under test: bash ignored it for us
+    pids = _descendants(tmp_path)
+    os.kill(pid, signal.SIGINT)
+    _wait_for(lambda: not _alive(pid))
+    assert not _alive(pid)
+    _wait_for(lambda: not any(_alive(p) for p in pids))
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_a_launcher_that_fails_stops_its_children(tmp_path: Path) -> None:
+    pid = _launch(tmp_path, "fail")
+    assert _exit_status(pid, tmp_path) == 1
+    assert "the launcher broke" in (tmp_path / "launcher.log").read_text()
+    pids = _descendants(tmp_path)
+    _wait_for(lambda: not any(_alive(p) for p in pids))
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_supervised_stops_what_was_started_inside_and_puts_the_handlers_back(tmp_path: Path) -> None:
+    before = {sig: signal.getsignal(sig) for sig in processes.STOP_SIGNALS}
+    outside = spawn([sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "out.log", name="outside")
+    try:
+        with pytest.raises(SystemExit) as caught, processes.supervised():
+            assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+            inside = spawn([sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "in.log", name="in")
+            stopped = spawn([sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "s.log", name="s")
+            stopped.stop()
+            os.kill(os.getpid(), signal.SIGTERM)  # raised as Terminated at the next bytecode
+            time.sleep(TIMEOUT_S)
+        assert caught.value.code == 128 + signal.SIGTERM
+        assert isinstance(caught.value.__cause__, processes.Terminated)
+        assert inside.process.returncode == -signal.SIGTERM
+        assert outside.process.poll() is None  # started outside the block: not its to stop
+        assert {sig: signal.getsignal(sig) for sig in processes.STOP_SIGNALS} == before
+    finally:
+        outside.stop()
+
+
+def test_nested_scopes_stop_their_own_children_and_the_outer_keeps_the_handlers(tmp_path: Path) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    with processes.supervised():
+        first = spawn(sleeper, tmp_path / "1.log", name="first")
+        with processes.supervised():
+            second = spawn(sleeper, tmp_path / "2.log", name="second")
+        assert second.process.returncode == -signal.SIGTERM
+        assert first.process.poll() is None
+        assert signal.getsignal(signal.SIGTERM) is processes._on_signal
+    assert first.process.returncode == -signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is not processes._on_signal
