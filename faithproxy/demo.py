@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faithproxy.tinyvlm.processes import supervised
+
 DEMO_FIXTURES = ("red_circle", "green_circle", "blue_square")
 SHAPESWORLD_QUESTIONS = 5  # held-out items 0..4: one question of each type
 
@@ -99,6 +101,7 @@ def _shapesworld_questions(count: int) -> list[tuple[str, str, str, Any]]:
     ]  # fmt: skip
 
 
+@supervised()  # SIGTERM, SIGINT (even when started with it ignored) or a failure: nothing left running
 def run_demo(
     workdir: str = "var/demo", keep: bool = False, world: str = "shapesworld", questions: int = SHAPESWORLD_QUESTIONS
 ) -> int:

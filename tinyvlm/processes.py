@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ContextDecorator, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -297,12 +297,13 @@ def _restore_handlers() -> None:
     _supervision.saved.clear()
 
 
-class supervised:  # noqa: N801 - used as a statement: `with supervised():`
-    """`with supervised(): ...` around a launcher's work: SIGINT, SIGTERM and SIGHUP unwind the main
-    thread (KeyboardInterrupt, `Terminated`) instead of ending the process where it stands, and on
-    leaving the block, whatever the reason, every child `spawn`ed inside and not yet stopped is
-    stopped (the last started first) with its whole process group. A `Terminated` leaves as
-    `SystemExit(128 + signum)`. The handlers it replaced are put back when the outermost block ends.
+class supervised(ContextDecorator):  # noqa: N801 - used as a statement or a decorator, like a function
+    """`with supervised(): ...` around a launcher's work, or `@supervised()` on its function:
+    SIGINT, SIGTERM and SIGHUP unwind the main thread (KeyboardInterrupt, `Terminated`) instead of
+    ending the process where it stands, and on leaving the block, whatever the reason, every child
+    `spawn`ed inside and not yet stopped is stopped (the last started first) with its whole process
+    group. A `Terminated` leaves as `SystemExit(128 + signum)`. The handlers it replaced are put back
+    when the outermost block ends.
 
     Scopes nest (an inner one stops its own children when it ends). Handlers can only be installed
     from the main thread; entered from another thread, the block still stops its children."""

@@ -47,6 +47,7 @@ from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED, user_message
 from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
 from faithproxy.shapesworld.model.scoring import ReplyScore, heldout_items, reply_sentences, score_reply
+from faithproxy.tinyvlm.processes import supervised
 
 MAX_TOKENS = 160
 
@@ -316,6 +317,7 @@ async def run_all(
     return result
 
 
+@supervised()  # a signal or a failure stops every server started inside
 def benchmark(
     model_dir: Path,
     n: int,

@@ -41,6 +41,7 @@ import httpx
 from faithproxy.clients.hidden_states import HiddenStatesClient, default_layers, server_args
 from faithproxy.clients.vllm import VLLMClient, assistant_text_of
 from faithproxy.faithcore.segmenter import segment_text
+from faithproxy.tinyvlm.processes import supervised
 
 
 def requests_for(data: str, n: int, model: str) -> list[dict[str, Any]]:
@@ -121,6 +122,7 @@ async def run_pooling(base_url: str, bodies: list[dict[str, Any]], replies: list
     return {"requests": len(latencies), "mean_latency_s": sum(latencies) / len(latencies)}
 
 
+@supervised()  # a signal or a failure stops every server started inside
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m faithproxy.benchmarks.performance.hidden_states_overhead", description=__doc__

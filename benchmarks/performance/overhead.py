@@ -49,6 +49,7 @@ from faithproxy.benchmarks.performance.overhead_client import (
     stream_once,
 )
 from faithproxy.benchmarks.performance.overhead_targets import Target
+from faithproxy.tinyvlm.processes import supervised
 
 GOAL_ADDED_P50_MS = 1.0
 GOAL_LITELLM_FRACTION = 1 / 3
@@ -448,6 +449,7 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@supervised()  # a signal or a failure stops every server started inside
 def run(args: argparse.Namespace) -> dict[str, Any]:
     _raise_fd_limit(4 * max(args.streams, args.hold, args.concurrency) + 1024)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-overhead-"))

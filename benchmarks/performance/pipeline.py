@@ -201,6 +201,7 @@ def report(results: list[Result], step_s: float, judge_s: float, rounds: int) ->
     return out
 
 
+@processes.supervised()  # a signal or a failure stops every server started inside
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-url", help="an already running vLLM serving the fixture model")

@@ -51,6 +51,7 @@ from faithproxy.clients.hidden_states import Features, HiddenStatesClient, defau
 from faithproxy.clients.vllm import VLLMClient, assistant_text_of
 from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
 from faithproxy.faithcore.segmenter import segment_text
+from faithproxy.tinyvlm.processes import supervised
 
 # ---- collect ----------------------------------------------------------------------------------
 
@@ -230,6 +231,7 @@ async def _collect(args: argparse.Namespace, base_url: str, layers: list[int]) -
     return records
 
 
+@supervised()  # a signal or a failure stops every server started inside
 def collect(args: argparse.Namespace) -> int:
     from faithproxy.tinyvlm.serve import start_vllm
 

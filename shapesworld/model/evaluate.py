@@ -28,6 +28,7 @@ from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, REGENERATION, SELF_CHECK, Sample, stream, user_message
 from faithproxy.shapesworld.model.scoring import heldout_items, regeneration_ok, self_check_ok, summarise
 from faithproxy.shapesworld.scenes import Scene, png_bytes, render
+from faithproxy.tinyvlm.processes import supervised
 
 SERVED_NAME = "shapesworld-vlm"
 
@@ -107,6 +108,7 @@ def parity_report(hf: list[str], vllm: list[str], item_ids: list[str], show: int
     }
 
 
+@supervised()  # a signal or a failure stops every server started inside
 def evaluate(
     model_dir: Path, n: int, parity: int, aux: int, concurrency: int, max_new_tokens: int, log_path: Path | None
 ) -> dict[str, Any]:
