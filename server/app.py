@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, disable_created_metrics
 
 from faithproxy.clients.image_fetch import ImageFetcher
 from faithproxy.clients.judges import build_judge
@@ -45,6 +45,10 @@ def create_app(
     Middleware, outermost first: request size (431/413), API keys (401), concurrency (429).
     """
     settings = settings or get_settings()
+    # Counters and histograms export no `<name>_created` series (prometheus_client adds one beside each
+    # by default): it doubles the series count and no dashboard or alert reads it. A library-wide switch,
+    # read when /metrics is rendered, so it holds for metrics created before it too.
+    disable_created_metrics()
     if registry is None:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
