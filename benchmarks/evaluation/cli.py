@@ -265,9 +265,12 @@ class Replay:
         from faithproxy.benchmarks.evaluation.labelled import write_chains
         from faithproxy.benchmarks.evaluation.replay import make_detector, replay
         from faithproxy.clients.judges import build_judges
+        from faithproxy.detectors.registry import DETECTORS
 
         chains = _read(args.traces, args.view)[: args.limit]
-        configs = _judge_configs(args.judges) if args.detector == "judge" else []
+        # judges only for a detector that uses one (an unknown name is refused by make_detector)
+        uses_judge = args.detector in DETECTORS and DETECTORS.resolve(args.detector).uses_judge
+        configs = _judge_configs(args.judges) if uses_judge else []
         judges = build_judges(configs)
         default = args.judge or (configs[0].name if configs else None)
         if args.judge and args.judge not in judges:

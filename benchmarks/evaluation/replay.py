@@ -57,8 +57,9 @@ def make_detector(
 ) -> Detector:
     """One detector from the registry, built the way the server builds it.
 
-    `judges` are handed over only to detectors that use them (judge, cascade); `deps` are further
-    `DetectorDeps` fields (a loaded `probe` and a `hidden` states client for probe and cascade).
+    `judges` are handed over only to detectors that declare `uses_judge`; `deps` are further
+    `DetectorDeps` fields (a loaded `probe` and a `hidden` states client, for those that declare
+    `reads_hidden_states`).
     """
     entry = DETECTORS.get(name)
     if entry is None:
@@ -69,13 +70,14 @@ def make_detector(
     assert entry is not None
     if not entry.available:
         raise ReplayError(f"detector {name!r} is planned but not built yet")
-    uses_judges = name in ("judge", "cascade")
+    cls = resolve(name)
+    uses_judges = cls.uses_judge
     built = build_detectors(
         DetectorDeps(judges=dict(judges or {}) if uses_judges else {}, default_judge=default_judge, **deps)
     )
     if name not in built:
         needs = ["a judge (--judges or FAITHPROXY_JUDGES)"] if uses_judges and not judges else []
-        if name in ("probe", "cascade"):
+        if cls.reads_hidden_states:
             needs.append("a probe file and a hidden-states client")
         raise ReplayError(f"detector {name!r} needs " + (" and ".join(needs) or "dependencies replay lacks"))
     return built[name]
