@@ -6,10 +6,12 @@ segments as feeding it at once.
 
 How text is cut:
 
-- `<think>` and `</think>` tags, blank lines, line starts that open a list item (`- `, `* `, `+ `,
-  `1. `, `2) `, `a) `, `(B) `) or a markdown heading (`## `), the end of a heading line, and the end
-  of a line that closes bold text or ends with a colon ("**Step 1**", "Options:") end a block. A
-  step never spans a block end; a single newline inside a paragraph is just whitespace.
+- Tags (`<think>` and `</think>` by default; a reasoning format may name others, such as GLM's
+  `<answer>` and `</answer>`: `faithcore.reasoning_formats`), blank lines, line starts that open a
+  list item (`- `, `* `, `+ `, `1. `, `2) `, `a) `, `(B) `) or a markdown heading (`## `), the end of
+  a heading line, and the end of a line that closes bold text or ends with a colon ("**Step 1**",
+  "Options:") end a block. A step never spans a block end; a single newline inside a paragraph is
+  just whitespace.
 - Within a block, nltk's Punkt finds sentence ends (parameters built in code, see
   `faithcore.punkt_params`): decimals, abbreviations, quotes closing a sentence and ellipses are its
   business. A Punkt boundary inside LaTeX (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`) is ignored,
@@ -30,24 +32,46 @@ trail (e.g. "</think>\\n"), so that the `raw` of all segments always concatenate
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass
 
 from faithproxy.faithcore.punkt_params import sentence_tokenizer
 from faithproxy.faithcore.types import Segment
 
-__all__ = ["StepSegmenter", "segment_text"]
+__all__ = ["THINK_TAGS", "StepSegmenter", "segment_text"]
 
-_TAGS = ("<think>", "</think>")
+THINK_TAGS = ("<think>", "</think>")
 _MARKER = r"(?:[-*+\u2022]|\d{1,3}[.)]|[A-Za-z][.)]|\([A-Za-z0-9]{1,3}\))"
 _HEADING = re.compile(r"#{1,6}[^\S\n]")
-_LEADING_JUNK = re.compile(r"(?:\s+|</?think>)*")
-_BLOCK_END = re.compile(
-    r"</?think>"
+_OTHER_BLOCK_ENDS = (
     r"|\n[^\S\n]*\n"  # a blank line
     r"|\n[^\S\n]*(?=(?:" + _MARKER + r"|#{1,6})[^\S\n])"  # a list item or heading starts a line
     r"|(?<=\*\*|.:)[^\S\n]*\n"  # a line ends with bold text ("**Step 1**") or a colon ("Options:")
 )
+
+
+@dataclass(frozen=True)
+class _TagRules:
+    """The patterns that depend on which markers bound steps (a reasoning format's tags)."""
+
+    tags: tuple[str, ...]
+    leading_junk: re.Pattern[str]
+    block_end: re.Pattern[str]
+    longest: int
+
+
+@functools.lru_cache(maxsize=32)
+def _tag_rules(tags: tuple[str, ...]) -> _TagRules:
+    alternatives = "|".join(re.escape(t) for t in sorted(tags, key=len, reverse=True))
+    return _TagRules(
+        tags=tags,
+        leading_junk=re.compile(r"(?:\s+|" + alternatives + r")*"),
+        block_end=re.compile("(?:" + alternatives + ")" + _OTHER_BLOCK_ENDS),
+        longest=max(len(t) for t in tags),
+    )
+
+
 _LIST_MARKER = re.compile(_MARKER + r"[^\S\n]+")
 # One complete word after a cut: Punkt reads no further than the next whitespace-terminated run.
 _LOOKAHEAD = re.compile(r"\s*\S+\s")
@@ -163,7 +187,8 @@ class StepSegmenter:
     whitespace or tags. Indices start at `start_index` and run on across calls.
     """
 
-    def __init__(self, start_index: int = 0) -> None:
+    def __init__(self, start_index: int = 0, tags: tuple[str, ...] = THINK_TAGS) -> None:
+        self._rules = _tag_rules(tuple(tags))
         self._next_index = start_index
         self._buffer = ""
         # Buffer offset before which Punkt has nothing more to decide (see `_remember_progress`).
@@ -209,10 +234,15 @@ class StepSegmenter:
     def _next_cut(self, final: bool) -> tuple[int, int] | None:
         """(content start, end) of the buffer's first step when that end is final, else None."""
         buffer = self._buffer
-        start = _LEADING_JUNK.match(buffer).end()  # type: ignore[union-attr]
+        rules = self._rules
+        start = rules.leading_junk.match(buffer).end()  # type: ignore[union-attr]
         if start == len(buffer):
             return None
-        if not final and len(buffer) - start < 9 and any(tag.startswith(buffer[start:]) for tag in _TAGS):
+        if (
+            not final
+            and len(buffer) - start <= rules.longest
+            and any(tag.startswith(buffer[start:]) for tag in rules.tags)
+        ):
             return None  # maybe the start of a tag
 
         block_end_match = self._find_block_end(start)
@@ -249,13 +279,14 @@ class StepSegmenter:
     def _find_block_end(self, start: int) -> re.Match[str] | None:
         """The first tag, blank line or list item after `start`, scanning only text not yet ruled out.
 
-        A block end that has not matched yet can only start in the last 8 characters (a partial tag
-        or list marker) or in the whitespace just before them (a newline still waiting for its line).
+        A block end that has not matched yet can only start in the last characters (a partial tag or
+        list marker: as many as the longest tag, and at least 8) or in the whitespace just before them (a
+        newline still waiting for its line).
         """
         buffer = self._buffer
-        found = _BLOCK_END.search(buffer, max(start, self._block_scan))
+        found = self._rules.block_end.search(buffer, max(start, self._block_scan))
         if found is None:
-            scan = max(start, len(buffer) - 8)
+            scan = max(start, len(buffer) - max(8, self._rules.longest))
             while scan > start and buffer[scan - 1].isspace():
                 scan -= 1
             self._block_scan = scan
@@ -292,7 +323,7 @@ class StepSegmenter:
         self._resume = max(resume, self._resume)
 
 
-def segment_text(text: str, start_index: int = 0) -> list[Segment]:
+def segment_text(text: str, start_index: int = 0, tags: tuple[str, ...] = THINK_TAGS) -> list[Segment]:
     """Segment a whole text at once (feed + flush)."""
-    segmenter = StepSegmenter(start_index)
+    segmenter = StepSegmenter(start_index, tags)
     return segmenter.feed(text) + segmenter.flush()
