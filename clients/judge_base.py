@@ -1,7 +1,11 @@
 """What every judge backend shares: its configuration, its result record, and the interface.
 
 A judge is an auxiliary VLM reached through a vendor SDK. Backends only move text and images: they know
-nothing about the judge prompt or its reply format (that is `detectors/judge_prompt.py`). Every SDK
+nothing about the judge prompt or its reply format (that is `detectors/judge_prompt.py`). The user turn
+is plain text or a list of `TextBlock`s; a block marked `cache` ends a prefix the caller will send again,
+and each backend uses what its vendor offers for that (an Anthropic `cache_control` breakpoint; an
+OpenAI-compatible server such as vLLM caches prefixes by itself, so the blocks are simply joined).
+Every reply's usage separates fresh, cache-read and cache-written prompt tokens. Every SDK
 failure leaves a backend as a `DetectorError` whose `.code` is a `DetectorErrorCode` (`timeout`,
 `connection`, `status_429`, `status_5xx`, `status_4xx`, `bad_response`, `empty_reply`, `sdk_error`), so
 metrics can label by it and the session can apply the request's on-error policy.
@@ -23,6 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import ImageRef
 
@@ -66,13 +71,57 @@ _SDK_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 @dataclass(frozen=True)
+class TextBlock:
+    """A piece of the user turn. `cache`: the prompt up to and including this block is a prefix that
+    later calls repeat, worth a cache breakpoint where the vendor wants one marked."""
+
+    text: str
+    cache: bool = False
+
+
+UserTurn = str | Sequence[TextBlock]
+
+
+def turn_text(user: UserTurn) -> str:
+    """The user turn as one text: blocks are joined with nothing between them, so a prompt renders to
+    the same characters however it is cut into blocks."""
+    return user if isinstance(user, str) else "".join(block.text for block in user)
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """A reply's usage. `input_tokens` excludes the prompt tokens read from or written to a cache."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    cache_creation_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class JudgeResult:
-    """A judge's reply: its text, the tokens it cost, and how long the call took (retries included)."""
+    """A judge's reply: its text, the tokens it cost, and how long the call took (retries included).
+
+    `input_tokens` are the prompt tokens billed at the full price; `cached_input_tokens` and
+    `cache_creation_tokens` the ones read from and written to the judge's prompt cache.
+    """
 
     text: str
     input_tokens: int
     output_tokens: int
     latency_s: float
+    cached_input_tokens: int = 0
+    cache_creation_tokens: int = 0
+
+    def usage(self) -> JudgeUsage:
+        """This call as one line of a request's judge bill."""
+        return JudgeUsage(
+            calls=1,
+            input_tokens=self.input_tokens,
+            cached_input_tokens=self.cached_input_tokens,
+            cache_creation_tokens=self.cache_creation_tokens,
+            output_tokens=self.output_tokens,
+        )
 
 
 class JudgeBackend(abc.ABC):
@@ -94,7 +143,7 @@ class JudgeBackend(abc.ABC):
         return self.config.model
 
     @abc.abstractmethod
-    async def complete(self, system: str, user: str, images: Sequence[ImageRef] = ()) -> JudgeResult:
+    async def complete(self, system: str, user: UserTurn, images: Sequence[ImageRef] = ()) -> JudgeResult:
         """The judge's reply to one turn; failures raise `DetectorError` with a reason `.code`."""
 
     @abc.abstractmethod
@@ -173,26 +222,34 @@ class SdkJudge(JudgeBackend):
         )
 
     @abc.abstractmethod
-    async def _send(self, system: str, user: str, images: Sequence[ImageRef]) -> Any:
+    async def _send(self, system: str, user: Sequence[TextBlock], images: Sequence[ImageRef]) -> Any:
         """The SDK's reply object to one turn."""
 
     @abc.abstractmethod
-    def _read(self, reply: Any) -> tuple[str, int, int]:
-        """(text, input tokens, output tokens) of a reply; raises when the reply has the wrong shape."""
+    def _read(self, reply: Any) -> tuple[str, TokenCounts]:
+        """(text, usage) of a reply; raises when the reply has the wrong shape."""
 
-    async def complete(self, system: str, user: str, images: Sequence[ImageRef] = ()) -> JudgeResult:
+    async def complete(self, system: str, user: UserTurn, images: Sequence[ImageRef] = ()) -> JudgeResult:
         started = time.perf_counter()
+        blocks = [TextBlock(user)] if isinstance(user, str) else list(user)
         try:
-            reply = await self._send(system, user, images)
+            reply = await self._send(system, blocks, images)
         except (self.errors.base, json.JSONDecodeError) as exc:  # the SDKs let a non-JSON body through
             raise map_sdk_error(self.name, exc, self.errors) from exc
         try:  # the SDKs do not validate bodies: a reply of the wrong shape fails here
-            text, input_tokens, output_tokens = self._read(reply)
+            text, tokens = self._read(reply)
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
             raise map_sdk_error(self.name, exc, self.errors) from exc
         if not text.strip():
             raise judge_error(self.name, DetectorErrorCode.EMPTY_REPLY, "the reply has no text")
-        return JudgeResult(text, input_tokens, output_tokens, time.perf_counter() - started)
+        return JudgeResult(
+            text,
+            tokens.input_tokens,
+            tokens.output_tokens,
+            time.perf_counter() - started,
+            cached_input_tokens=tokens.cached_input_tokens,
+            cache_creation_tokens=tokens.cache_creation_tokens,
+        )
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -1,9 +1,10 @@
 """The auxiliary-VLM judge detector (the paper's best detector: F1 97.8 on the unfaithful class).
 
-One judge call per `check`: the accepted steps and the new steps go together as the partial chain, so
-several steps finished while the judge was busy are batched into a single call. The accepted steps are
-marked as context ("checked before"): they are final (emitted, or already regenerated K times), and a
-judge that kept naming a residual step would leave every later step unchecked.
+One judge call per `check`, about the NEW steps only: the accepted steps go along as context (they are
+final: emitted, or already regenerated K times), so several steps finished while the judge was busy are
+batched into one call, and the judge's reply grows with the new steps, never with the chain. The
+protocol, its prompt layout for prefix caching and what it changed from the paper are in
+`judge_prompt.py` and docs/judge.md.
 
 Mapping of the judge's reply onto the new steps:
 - kind: the judge's typing of the sentence when it gave one, else the step's own (heuristic) kind;
@@ -11,13 +12,20 @@ Mapping of the judge's reply onto the new steps:
 - the first unfaithful sentence: UNFAITHFUL, kind PERCEPTION (the judge's verdict implies it);
 - after it: UNKNOWN, reason "judge:<name>:not_reached"; the session reads them again after the correction.
 
-If the judge still names an accepted step (it ignored the "checked before" note), the call is repeated
-once with the new steps alone as the chain, which cannot point into the past. That second call is rare
-and only costs when the judge misbehaves; it is logged.
+If the judge still names an accepted step (it ignored "context only"), the call is repeated once with
+the new steps alone as the chain, which cannot point into the past. That second call is rare and only
+costs when the judge misbehaves; it is logged.
 
-The judge's image description is kept in a small LRU keyed by (judge name, image hashes) and passed
-as a hint on later calls about the same image(s): successive calls of a request then start from the
-same grounding.
+Per request (ctx.judge_state, which lives and dies with the request): the judge's image description,
+asked for in the first call that has images and then part of every later prompt, never asked for again;
+the places earlier prompts cut the chain into blocks (so later prompts share their prefix, block for
+block); and the bill, every call's tokens and the calls themselves. Across requests a small LRU keyed by
+(judge name, image hashes) remembers descriptions, so a new request about an image already described
+starts with that description instead of asking for another.
+
+Budget: with `judge_budget_tokens` in ctx.options, once the request's judge tokens (fresh input, cache
+writes and output; cache reads are free here) reach it, no further call is made: the new steps come back
+UNKNOWN with `unchecked="budget"`, and the request goes on.
 """
 
 from __future__ import annotations
@@ -29,8 +37,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.clients.judge_base import JudgeBackend, JudgeResult
 from faithproxy.detectors.base import Detector
-from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, JudgeReply, build_judge_prompt, parse_judge_reply
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.detectors.judge_prompt import (
+    JUDGE_SYSTEM_PROMPT,
+    JudgeReply,
+    build_judge_turn,
+    chain_cuts,
+    parse_judge_reply,
+)
+from faithproxy.faithcore.context import ChainContext, JudgeUsage
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
@@ -38,6 +52,9 @@ if TYPE_CHECKING:
     from faithproxy.detectors.registry import DetectorDeps
 
 logger = logging.getLogger(__name__)
+
+BUDGET_OPTION = "judge_budget_tokens"  # the ctx.options key of a request's judge budget
+BUDGET_REASON = "budget"  # Verdict.unchecked of the steps the budget let through
 
 
 class DescriptionCache:
@@ -68,7 +85,8 @@ class DescriptionCache:
 class JudgeDetector(Detector):
     """Asks a server-configured judge VLM (chosen per request by name) for the first unfaithful step.
 
-    The detector owns the backends it is given: `aclose()` closes them.
+    The detector owns the backends it is given: `aclose()` closes them. `usage` adds up every call it
+    made, over all requests (the offline replay reads it).
     """
 
     name: ClassVar[str] = "judge"
@@ -82,17 +100,25 @@ class JudgeDetector(Detector):
         default: str,
         *,
         description_cache_size: int = 256,
-        describe_hint: bool = True,
     ) -> None:
         if default not in judges:
             raise ValueError(f"default judge {default!r} is not configured (have: {sorted(judges)})")
         self.judges = dict(judges)
         self.default = default
-        self.describe_hint = describe_hint
         self.descriptions = DescriptionCache(description_cache_size)
-        self.calls = 0
-        self.input_tokens = 0
-        self.output_tokens = 0
+        self.usage = JudgeUsage()
+
+    @property
+    def calls(self) -> int:
+        return self.usage.calls
+
+    @property
+    def input_tokens(self) -> int:
+        return self.usage.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.usage.output_tokens
 
     @classmethod
     def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> JudgeDetector | None:
@@ -111,6 +137,9 @@ class JudgeDetector(Detector):
         if not new_steps:
             return []
         backend = self.backend_for(ctx)
+        reason = f"judge:{backend.name}"
+        if over_budget(ctx):
+            return _passed_for_budget(ctx, new_steps, reason)
         accepted = [step.text for step in ctx.accepted]
         sentences = accepted + [step.text for step in new_steps]
         reply, latency = await self._ask(ctx, backend, sentences, already_checked=len(accepted))
@@ -123,38 +152,83 @@ class JudgeDetector(Detector):
                 ctx.request_id,
             )
             sentences = sentences[offset:]
-            reply, again = await self._ask(ctx, backend, sentences, already_checked=0)
+            reply, again = await self._ask(ctx, backend, sentences, already_checked=0, stable=False)
             latency += again
             offset = 0
-        return _verdicts(reply, new_steps, offset, f"judge:{backend.name}", latency)
+        return _verdicts(reply, new_steps, offset, reason, latency)
 
     async def _ask(
-        self, ctx: ChainContext, backend: JudgeBackend, sentences: list[str], *, already_checked: int
+        self,
+        ctx: ChainContext,
+        backend: JudgeBackend,
+        sentences: list[str],
+        *,
+        already_checked: int,
+        stable: bool = True,
     ) -> tuple[JudgeReply, float]:
+        """One call. `stable`: the chain starts at sentence 1 of the request (not the fallback's slice),
+        so its cuts are the request's and are remembered for the next prompt."""
+        state = ctx.judge_state
         key = (backend.name, tuple(image.sha256 for image in ctx.images))
-        hint = self.descriptions.get(key) if self.describe_hint and ctx.images else None
-        prompt = build_judge_prompt(ctx.question, sentences, already_checked=already_checked, image_hint=hint)
-        result: JudgeResult = await backend.complete(JUDGE_SYSTEM_PROMPT, prompt, ctx.images)
-        self.calls += 1
-        self.input_tokens += result.input_tokens
-        self.output_tokens += result.output_tokens
+        if ctx.images and state.description is None:
+            state.description = self.descriptions.get(key)  # the same image(s) in an earlier request
+        ask = bool(ctx.images) and state.description is None
+        splits = state.splits if stable else set()
+        blocks = build_judge_turn(
+            ctx.question,
+            sentences,
+            already_checked=already_checked,
+            description=state.description,
+            ask_description=ask,
+            splits=splits,
+        )
+        if stable:
+            state.splits.update(chain_cuts(len(sentences), already_checked, splits))
+        result: JudgeResult = await backend.complete(JUDGE_SYSTEM_PROMPT, blocks, ctx.images)
+        call = result.usage()
+        self.usage.add(call)
+        state.record(backend.name, call)
         logger.debug(
-            "judge %s: %d sentences (%d context) in %.3fs, %d+%d tokens",
+            "judge %s: %d sentences (%d context) in %.3fs; tokens in %d, cached %d, cache-written %d, out %d",
             backend.name,
             len(sentences),
             already_checked,
             result.latency_s,
             result.input_tokens,
+            result.cached_input_tokens,
+            result.cache_creation_tokens,
             result.output_tokens,
         )
         reply = parse_judge_reply(result.text, sentences)
-        if reply.description and ctx.images:
-            self.descriptions.put(key, reply.description)
+        if ask and reply.description and " ".join(reply.description.split()):
+            state.description = " ".join(reply.description.split())
+            state.descriptions += 1
+            self.descriptions.put(key, state.description)
         return reply, result.latency_s
 
     async def aclose(self) -> None:
         for backend in self.judges.values():
             await backend.aclose()
+
+
+def over_budget(ctx: ChainContext) -> bool:
+    """Whether the request's judge budget (if it has one) is spent."""
+    budget = ctx.options.get(BUDGET_OPTION)
+    return budget is not None and ctx.judge_state.usage.budget_tokens >= int(budget)
+
+
+def _passed_for_budget(ctx: ChainContext, new_steps: list[Step], reason: str) -> list[Verdict]:
+    ctx.judge_state.budget_steps += sum(1 for step in new_steps if step.kind is StepKind.PERCEPTION)
+    return [
+        Verdict(
+            Faithfulness.UNKNOWN,
+            "judge",
+            kind=step.kind,
+            reason=f"{reason}:{BUDGET_REASON}",
+            unchecked=BUDGET_REASON,
+        )
+        for step in new_steps
+    ]
 
 
 def _verdicts(reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float) -> list[Verdict]:

@@ -1,60 +1,74 @@
-"""The judge prompt used during generation (structure of the paper's Table 15) and its reply parser.
+"""The judge protocol used during generation (structure of the paper's Table 15) and its reply parser.
 
-The judge sees the question, the image and the partial chain as numbered sentences. It describes the
-image first (grounding raised agreement with human annotators), types every sentence PERCEPTION or
-REASONING, and names only the FIRST unfaithful perception sentence. No rationales: asking for them
-lowered agreement, and they cost output tokens on the critical path.
+The judge sees the question, the image and the chain so far as numbered sentences, and is asked about
+the NEW sentences only. It describes the image first (grounding raised agreement with human annotators),
+types each new sentence PERCEPTION or REASONING, and names only the FIRST unfaithful perception sentence.
+No rationales: asking for them lowered agreement, and they cost output tokens on the critical path.
 
-Two deviations from the paper's wording, both to keep judge calls short:
-- the prefix field asks for sentence numbers ("1-3"), not the sentences' text; nothing parses it;
-- sentences already accepted are marked as context ("Sentences 1 to m were checked before"), so that a
-  judge asked about new steps does not keep reporting a step that is already final.
+What changed from Table 15, each to keep a request's judge bill linear in the chain (docs/judge.md):
+- incremental: the sentences already accepted are context; the judge types and judges only the new
+  ones, so its output per checked sentence stays the same however long the chain grows;
+- one description per request: the judge describes the image in its first reply, and that description
+  is part of every later prompt of the request (the judge's own grounding, never asked for again);
+- the `[Faithful reasoning chain prefix]` field is gone (it is the sentences before the first unfaithful
+  one, which the number in `[First unfaithful sentence]` already says), and that number replaces the
+  sentence's text;
+- the instructions and the reply format live in the system prompt, and the user turn is laid out so that
+  every call of a request starts with the same prefix: image(s), question, description, then the chain,
+  cut into blocks at the same places as before (`splits`), the request for this call last. A prompt
+  cache (Anthropic's breakpoints, vLLM's prefix cache) then serves all of it but the new sentences.
 
 `parse_judge_reply` is deliberately lenient (judges add markdown, quotes, change case, drop brackets)
 but never guesses a verdict: a reply without a Faithfulness field, or UNFAITHFUL without a sentence it
-can locate, raises `DetectorError(code="unparseable")`. `parse_judge_prompt` reads the prompt back; the
-local judge server (benchmarks/standins/judge_server.py) needs it to play an oracle judge.
+can locate, raises `DetectorError(code="unparseable")`. `parse_judge_prompt_details` reads a prompt
+back; the local judge server (benchmarks/standins/judge_server.py) needs it to play an oracle judge.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from faithproxy.clients.judge_base import TextBlock, turn_text
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import StepKind
 
-JUDGE_SYSTEM_PROMPT = (
-    "You are a careful visual fact-checker. You compare what a step-by-step answer says about an image "
-    "with what the image actually shows."
-)
+JUDGE_SYSTEM_PROMPT = """\
+You are a careful visual fact-checker. You compare what a step-by-step answer says about an image with \
+what the image actually shows.
 
-_QUESTION_HEADER = "Question:"
-_CHAIN_HEADER = "Reasoning chain so far, one sentence per line:"
-_CHECKED_NOTE = "Sentences 1 to {m} were checked before: read them as context only and do not report them."
-_HINT_HEADER = "An earlier look at this image gave this description (correct it if it is wrong):"
-_INSTRUCTIONS_HEADER = "Instructions:"
+Each request gives you the image, the question, the reasoning chain written so far (one numbered \
+sentence per line) and the sentences to check. The sentences before those were checked already: read \
+them as context and never report them. Once you have described the image, your description comes \
+with every later request: rely on it and on the image.
 
-_INSTRUCTIONS = """\
 Instructions:
-1. Look at the image and describe it briefly.
-2. Type every sentence: PERCEPTION if it states what the image shows (objects, attributes, text, \
-counts, positions), REASONING otherwise (inference, calculation, planning, general knowledge).
+1. When the request asks for an image description, look at the image and describe it briefly, before \
+anything else.
+2. Type each sentence you check: PERCEPTION if it states what the image shows (objects, attributes, \
+text, counts, positions), REASONING otherwise (inference, calculation, planning, general knowledge).
 3. A PERCEPTION sentence is UNFAITHFUL only if it misrepresents the image AND that detail matters for \
 answering the question. Ignore small mistakes about background details that do not affect the answer. \
 REASONING sentences are never unfaithful.
-4. Report only the FIRST unfaithful sentence, if there is one. Give no explanations.
+4. Report only the FIRST unfaithful sentence among those you check, if there is one. Give no explanations.
 
-Reply in exactly this format:
-[Image description]: <one or two sentences>
-Sentence 1: PERCEPTION or REASONING
-(one such line for every sentence)
+Reply in exactly this format and nothing else:
+[Image description]: <one or two sentences> (only when the request asks for it)
+Sentence k: PERCEPTION or REASONING (one line for each sentence you check, none for the others)
 [Faithfulness]: FAITHFUL or UNFAITHFUL
-[Faithful reasoning chain prefix]: <numbers of the sentences before the first unfaithful one, e.g. 1-3, \
-or none>
-[First unfaithful sentence]: <Sentence k: its text, or leave blank if all are faithful>"""
+[First unfaithful sentence]: <its number> (only when UNFAITHFUL)"""
+
+_QUESTION_HEADER = "Question:"
+_DESCRIPTION_HEADER = "Your description of the image, from your first look at it:"
+_CHAIN_HEADER = "Reasoning chain so far, one sentence per line:"
+_CHECK_ONE = "Check sentence {first}."
+_CHECK_RANGE = "Check sentences {first} to {last}."
+_CONTEXT_ONE = " Sentence 1 is context only."
+_CONTEXT_RANGE = " Sentences 1 to {m} are context only."
+ASK_DESCRIPTION = "Begin with [Image description]."
 
 
 def _one_line(text: str) -> str:
@@ -62,37 +76,88 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def build_judge_prompt(
-    question: str, sentences: list[str], *, already_checked: int = 0, image_hint: str | None = None
-) -> str:
-    """The user turn of a judge call; the image(s) go beside it as image parts.
+def chain_cuts(n: int, already_checked: int, splits: Iterable[int] = ()) -> list[int]:
+    """Where the chain of `n` sentences is cut into blocks: the earlier cuts of the request that fall
+    inside it, the end of the accepted part, and the end."""
+    inner = {k for k in splits if 0 < k < n}
+    if 0 < already_checked < n:
+        inner.add(already_checked)
+    return [*sorted(inner), n]
 
-    `already_checked` sentences at the start are context only. `image_hint` is an image description
-    from an earlier call on the same image; it is placed after the chain so that successive calls of a
-    request share the longest possible prompt prefix (judge-side prefix caching).
+
+def build_judge_turn(
+    question: str,
+    sentences: list[str],
+    *,
+    already_checked: int = 0,
+    description: str | None = None,
+    ask_description: bool = False,
+    splits: Iterable[int] = (),
+) -> list[TextBlock]:
+    """The user turn of a judge call as text blocks; the image(s) go before it as image parts.
+
+    Sentences before `already_checked` are context; the judge is asked about the rest. `description` is
+    the judge's own description from an earlier call of the request; with `ask_description` (and none
+    given) the judge is asked to write one first. The chain is cut at `chain_cuts(...)`, so calls that
+    pass the same earlier cuts render the accepted chain as the same blocks, byte for byte. Cache marks:
+    the question (shared by every call, with or without a description), the end of the accepted part,
+    and the end of the chain (the next call's accepted part, when all new sentences pass).
     """
-    if not 0 <= already_checked <= len(sentences):
-        raise ValueError("already_checked must be between 0 and len(sentences)")
-    lines = [_QUESTION_HEADER, question.strip(), "", _CHAIN_HEADER]
-    lines += [f"Sentence {i}: {_one_line(s)}" for i, s in enumerate(sentences, start=1)]
-    lines.append("")
+    n = len(sentences)
+    if not 0 <= already_checked < n:
+        raise ValueError("need at least one sentence to check: already_checked must be below len(sentences)")
+    blocks = [TextBlock(f"{_QUESTION_HEADER}\n{question.strip()}\n\n", cache=True)]
+    description = _one_line(description) if description else None
+    if description:
+        blocks.append(TextBlock(f"{_DESCRIPTION_HEADER}\n{description}\n\n"))
+    start = 0
+    for cut in chain_cuts(n, already_checked, splits):
+        lines = [f"Sentence {i}: {_one_line(s)}\n" for i, s in enumerate(sentences[start:cut], start=start + 1)]
+        header = f"{_CHAIN_HEADER}\n" if start == 0 else ""
+        blocks.append(TextBlock(header + "".join(lines), cache=cut in (already_checked, n)))
+        start = cut
+    first = already_checked + 1
+    ask = _CHECK_ONE.format(first=first) if first == n else _CHECK_RANGE.format(first=first, last=n)
     if already_checked:
-        lines += [_CHECKED_NOTE.format(m=already_checked), ""]
-    if image_hint and _one_line(image_hint):
-        lines += [_HINT_HEADER, _one_line(image_hint), ""]
-    lines.append(_INSTRUCTIONS)
-    return "\n".join(lines)
+        ask += _CONTEXT_ONE if already_checked == 1 else _CONTEXT_RANGE.format(m=already_checked)
+    if ask_description and not description:
+        ask += " " + ASK_DESCRIPTION
+    blocks.append(TextBlock(f"\n{ask}\n"))
+    return blocks
+
+
+def build_judge_prompt(
+    question: str,
+    sentences: list[str],
+    *,
+    already_checked: int = 0,
+    description: str | None = None,
+    ask_description: bool = False,
+    splits: Iterable[int] = (),
+) -> str:
+    """The user turn of `build_judge_turn` as one text (what an OpenAI-compatible judge receives)."""
+    return turn_text(
+        build_judge_turn(
+            question,
+            sentences,
+            already_checked=already_checked,
+            description=description,
+            ask_description=ask_description,
+            splits=splits,
+        )
+    )
 
 
 class JudgePrompt(NamedTuple):
     question: str
     sentences: list[str]
     already_checked: int
-    image_hint: str | None
+    description: str | None
+    asks_description: bool
 
 
 _SENTENCE_LINE = re.compile(r"^Sentence (\d+): (.*)$")
-_CHECKED_LINE = re.compile(r"^Sentences 1 to (\d+) were checked before")
+_CHECK_LINE = re.compile(r"^Check sentences? (\d+)(?: to (\d+))?\.")
 
 
 def parse_judge_prompt_details(text: str) -> JudgePrompt:
@@ -102,6 +167,10 @@ def parse_judge_prompt_details(text: str) -> JudgePrompt:
     question, sep, rest = text[len(_QUESTION_HEADER) + 1 :].partition("\n\n" + _CHAIN_HEADER + "\n")
     if not sep:
         raise ValueError("not a judge prompt: no chain header")
+    description = None
+    head, found, described = question.rpartition("\n\n" + _DESCRIPTION_HEADER + "\n")
+    if found:
+        question, description = head, described
     lines = rest.split("\n")
     sentences: list[str] = []
     pos = 0
@@ -110,17 +179,13 @@ def parse_judge_prompt_details(text: str) -> JudgePrompt:
             raise ValueError("not a judge prompt: sentences out of order")
         sentences.append(match.group(2))
         pos += 1
-    already_checked, hint = 0, None
-    for i in range(pos, len(lines)):
-        if lines[i] == _INSTRUCTIONS_HEADER:
-            break
-        if match := _CHECKED_LINE.match(lines[i]):
-            already_checked = int(match.group(1))
-        elif lines[i] == _HINT_HEADER and i + 1 < len(lines):
-            hint = lines[i + 1]
-    else:
-        raise ValueError("not a judge prompt: no instructions")
-    return JudgePrompt(question, sentences, min(already_checked, len(sentences)), hint)
+    for line in lines[pos:]:
+        if match := _CHECK_LINE.match(line):
+            first = int(match.group(1))
+            if not 1 <= first <= len(sentences):
+                raise ValueError("not a judge prompt: it asks about a sentence the chain does not have")
+            return JudgePrompt(question, sentences, first - 1, description, ASK_DESCRIPTION in line)
+    raise ValueError("not a judge prompt: no sentences to check")
 
 
 def parse_judge_prompt(text: str) -> tuple[str, list[str]]:

@@ -52,6 +52,9 @@ class Verdict:
     reason: str | None = None
     latency_s: float = 0.0
     score: float | None = None  # P(unfaithful) when the detector has one (probe)
+    # Why an UNKNOWN verdict was given without asking, when the detector says so (the judge's "budget"):
+    # the step's unchecked reason, instead of the default the session would assume.
+    unchecked: str | None = None
 
     @property
     def unfaithful(self) -> bool:

@@ -3,13 +3,28 @@
 Tests, the demo and the benchmarks need a judge that is real on the wire (the official anthropic and
 openai SDKs talk to it unchanged) but whose answers are known in advance. This server reads our judge
 prompt back (`parse_judge_prompt_details`), asks an ORACLE which sentences are unfaithful, and replies
-in the judge format of `detectors/judge_prompt.py`, like an obedient judge: sentences marked as checked
-before are never reported.
+in the judge format of `detectors/judge_prompt.py`, like an obedient judge: it describes the image
+only when asked, types only the sentences it is asked to check, and never reports a context sentence.
 
     POST /v1/messages           Anthropic Messages API (non-streaming)
     POST /v1/chat/completions   OpenAI chat completions (non-streaming)
-    GET  /_stats                {"requests", "sentences_judged", "by_protocol", "last_request"}
-    POST /_control              {"latency_s"?, "mode"?, "obey_checked"?, "reset_stats"?} -> state
+    GET  /_stats                {"requests", "sentences_judged", "by_protocol", "last_request", "tokens",
+                                 "descriptions", "latency_model"}
+    POST /_control              {"latency_s"?, "input_token_s"?, "output_token_s"?, "mode"?,
+                                 "obey_checked"?, "reset_stats"?} -> state
+
+Tokens and prompt caching, like the real servers (`ServedTokens`): a prompt is counted at about four
+characters per token and `image_tokens` per image. The Messages API honours `cache_control`: a prompt
+prefix ending at a marked block is stored, and a later request reads the longest stored prefix that ends
+at one of its breakpoints or at any of the 20 block boundaries before each (Anthropic's look-back); the
+usage then carries `cache_read_input_tokens` and `cache_creation_input_tokens` beside `input_tokens`.
+The chat completions endpoint caches like vLLM's automatic prefix caching: every full block of 16
+tokens whose whole prefix was seen before is served from cache, whatever the request marks, and
+`usage.prompt_tokens_details.cached_tokens` says how many.
+
+Latency follows a real VLM's token timing: `latency_s` (a fixed part: network, scheduling) plus
+`input_token_s` per prompt token not served from cache (prefill) plus `output_token_s` per output token
+(decode), all 0 by default.
 
 A hint request of the proxy's collaborative hint inference (server/hints.py) gets the fixed HINT_REPLY,
 and the whole-chain evaluation prompt of `faithproxy bench judge-upr` a block per sentence with the
@@ -40,7 +55,8 @@ fetch http images: FAITHPROXY_JUDGE_FETCH_IMAGES).
 Fault modes (`--mode` or `/_control`): ok | 500 | 429 | garbage (a 200 reply with no judge fields) |
 badjson (a 200 reply that is not JSON) | hang (no reply until the client gives up or the server stops).
 
-    python -m faithproxy.benchmarks.standins.judge_server --port 8090 --oracle oracle.json --latency-s 0.5
+    python -m faithproxy.benchmarks.standins.judge_server --port 8090 --oracle oracle.json --latency-s 0.5 \
+        --input-token-s 0.0002 --output-token-s 0.02
     python -m faithproxy.benchmarks.standins.judge_server --port 8090 --shapesworld
 """
 
@@ -51,10 +67,13 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
+import hashlib
 import itertools
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -130,9 +149,9 @@ class Oracle:
             return StepKind.REASONING
         return StepKind.PERCEPTION
 
-    def reply(self, sentences: list[str], already_checked: int = 0) -> str:
+    def reply(self, sentences: list[str], already_checked: int = 0, *, describe: bool = True) -> str:
         """The judge-format reply an obedient, perfect judge would give."""
-        return format_reply(*self.verdicts(sentences, []), sentences, already_checked)
+        return format_reply(*self.verdicts(sentences, []), sentences, already_checked, describe=describe)
 
     def verdicts(self, sentences: list[str], images: list[bytes]) -> tuple[str, list[StepKind], list[bool]]:
         """(image description, kind of each sentence, whether each is an unfaithful perception)."""
@@ -169,21 +188,25 @@ def format_evaluation(description: str, kinds: list[StepKind], unfaithful: list[
 
 
 def format_reply(
-    description: str, kinds: list[StepKind], unfaithful: list[bool], sentences: list[str], already_checked: int = 0
+    description: str,
+    kinds: list[StepKind],
+    unfaithful: list[bool],
+    sentences: list[str],
+    already_checked: int = 0,
+    *,
+    describe: bool = True,
 ) -> str:
-    """Our judge reply format (detectors/judge_prompt.py); sentences before `already_checked` are not
-    reported, as an obedient judge does with sentences the proxy marks as checked."""
+    """Our judge reply format (detectors/judge_prompt.py): the description when asked for, a typing line
+    for each sentence from `already_checked` on, the verdict, and the first unfaithful one by number.
+    Sentences before `already_checked` are neither typed nor reported, as an obedient judge does with
+    the context sentences."""
     first = next((i for i in range(already_checked, len(sentences)) if unfaithful[i]), None)
-    lines = [f"[Image description]: {description}"]
-    lines += [f"Sentence {i}: {kind.name}" for i, kind in enumerate(kinds, start=1)]
+    lines = [f"[Image description]: {description}"] if describe else []
+    lines += [f"Sentence {i}: {kinds[i - 1].name}" for i in range(already_checked + 1, len(sentences) + 1)]
     if first is None:
-        prefix = f"1-{len(sentences)}" if sentences else "none"
-        lines += ["[Faithfulness]: FAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
-        lines.append("[First unfaithful sentence]:")
+        lines.append("[Faithfulness]: FAITHFUL")
     else:
-        prefix = f"1-{first}" if first else "none"
-        lines += ["[Faithfulness]: UNFAITHFUL", f"[Faithful reasoning chain prefix]: {prefix}"]
-        lines.append(f"[First unfaithful sentence]: Sentence {first + 1}: {sentences[first]}")
+        lines += ["[Faithfulness]: UNFAITHFUL", f"[First unfaithful sentence]: {first + 1}"]
     return "\n".join(lines)
 
 
@@ -194,67 +217,253 @@ class Control(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     latency_s: float | None = Field(default=None, ge=0)
+    input_token_s: float | None = Field(default=None, ge=0)
+    output_token_s: float | None = Field(default=None, ge=0)
     mode: FailMode | None = None
     obey_checked: bool | None = None  # False: a disobedient judge that also reports checked sentences
     reset_stats: bool = False
 
 
+CHARS_PER_TOKEN = 4
+IMAGE_TOKENS = 800  # prompt tokens per image (a Qwen2.5-VL image of ~800x800 px; Claude's ~1000x600)
+ANTHROPIC_LOOKBACK = 20  # block boundaries searched before each breakpoint
+VLLM_BLOCK = 16  # tokens per prefix-cache block (vLLM's GPU default)
+_CACHE_ENTRIES = 200_000
+
+
+def _tokens(text: str) -> int:
+    return max(1, len(text) // CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One block of a prompt as the cache sees it: its identity and its size in tokens."""
+
+    key: str
+    tokens: int
+    cache: bool = False  # carries cache_control (Messages API)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A reply's usage: the prompt split as the real APIs split it, and the output."""
+
+    input_tokens: int  # not read from cache nor written to it
+    output_tokens: int
+    cached: int = 0
+    created: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.input_tokens + self.cached + self.created
+
+
+class PromptCache:
+    """A bounded set of prompt-prefix hashes: what the emulated server has in its cache."""
+
+    def __init__(self, entries: int = _CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+
+    def __contains__(self, key: bytes) -> bool:
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return True
+        return False
+
+    def add(self, key: bytes) -> None:
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.entries:
+            self._seen.popitem(last=False)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+def _chained(pieces: Sequence[str]) -> list[bytes]:
+    """The hash of every prefix: element i covers pieces[0..i]."""
+    out, digest = [], b""
+    for piece in pieces:
+        digest = hashlib.sha256(digest + piece.encode("utf-8", "surrogatepass")).digest()
+        out.append(digest)
+    return out
+
+
+def anthropic_usage(cache: PromptCache, pieces: Sequence[Piece], output_tokens: int) -> Usage:
+    """Anthropic's accounting: reads up to the furthest stored prefix found at a breakpoint or at one of
+    the ANTHROPIC_LOOKBACK block boundaries before it, writes every breakpoint's prefix, and bills the
+    tokens between the read and the last breakpoint as written, the rest as plain input."""
+    hashes = _chained([p.key for p in pieces])
+    ends = list(itertools.accumulate(p.tokens for p in pieces))
+    marks = [i for i, p in enumerate(pieces) if p.cache]
+    if not marks:
+        return Usage(ends[-1] if ends else 0, output_tokens)
+    read = -1
+    for mark in marks:
+        for i in range(mark, max(-1, mark - ANTHROPIC_LOOKBACK - 1), -1):
+            if hashes[i] in cache:
+                read = max(read, i)
+                break
+    for mark in marks:
+        cache.add(hashes[mark])
+    cached = ends[read] if read >= 0 else 0
+    created = max(0, ends[marks[-1]] - cached)
+    return Usage(ends[-1] - cached - created, output_tokens, cached=cached, created=created)
+
+
+def vllm_usage(cache: PromptCache, pieces: Sequence[Piece], output_tokens: int) -> Usage:
+    """vLLM's automatic prefix caching: the prompt as a token stream (text in 4-character tokens, an
+    image as `tokens` copies of its hash), cut in VLLM_BLOCK-token blocks; leading full blocks whose
+    whole prefix was seen are served from cache (never the last token: one is always computed)."""
+    stream: list[str] = []
+    for piece in pieces:
+        if piece.key.startswith("text:"):
+            text = piece.key[5:]
+            stream += [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+        else:
+            stream += [piece.key] * piece.tokens
+    total = len(stream)
+    blocks = ["\x1f".join(stream[i : i + VLLM_BLOCK]) for i in range(0, total - total % VLLM_BLOCK, VLLM_BLOCK)]
+    hashes = _chained(blocks)
+    hit = 0
+    while hit < len(hashes) and hashes[hit] in cache:
+        hit += 1
+    for digest in hashes:
+        cache.add(digest)
+    cached = min(hit * VLLM_BLOCK, max(0, total - 1))
+    return Usage(max(1, total) - cached, output_tokens, cached=cached)
+
+
+@dataclass
+class TokenTotals:
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_creation_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, usage: Usage) -> None:
+        self.input_tokens += usage.input_tokens
+        self.cached_input_tokens += usage.cached
+        self.cache_creation_tokens += usage.created
+        self.output_tokens += usage.output_tokens
+
+
 @dataclass
 class JudgeServerState:
     oracle: Verdicts
-    latency_s: float = 0.0
+    latency_s: float = 0.0  # the fixed part of every reply's latency
+    input_token_s: float = 0.0  # per prompt token not served from cache
+    output_token_s: float = 0.0  # per output token
     mode: FailMode = "ok"
     obey_checked: bool = True
     hang_s: float = 300.0
+    image_tokens: int = IMAGE_TOKENS
     requests: int = 0
     sentences_judged: int = 0
+    descriptions: int = 0  # replies that carried an image description
     by_protocol: dict[str, int] = field(default_factory=lambda: {"anthropic": 0, "openai": 0})
+    tokens: TokenTotals = field(default_factory=TokenTotals)
     last_request: dict[str, Any] | None = None
+    caches: dict[str, PromptCache] = field(
+        default_factory=lambda: {"anthropic": PromptCache(), "openai": PromptCache()}
+    )
     release: asyncio.Event = field(default_factory=asyncio.Event)  # ends every "hang" at shutdown
     ids: itertools.count = field(default_factory=itertools.count)
 
     def public(self) -> dict[str, Any]:
         return {"latency_s": self.latency_s, "mode": self.mode, "obey_checked": self.obey_checked}
 
+    def latency_model(self) -> dict[str, float]:
+        return {"fixed_s": self.latency_s, "input_token_s": self.input_token_s, "output_token_s": self.output_token_s}
 
-def _anthropic_parts(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    texts, images = [], []
+    def reply_seconds(self, usage: Usage) -> float:
+        """Prefill of what the cache did not serve, decode of the output, and the fixed part."""
+        fresh = usage.input_tokens + usage.created
+        return self.latency_s + self.input_token_s * fresh + self.output_token_s * usage.output_tokens
+
+    def reset(self) -> None:
+        self.requests = self.sentences_judged = self.descriptions = 0
+        self.by_protocol = {"anthropic": 0, "openai": 0}
+        self.tokens = TokenTotals()
+        self.last_request = None
+        for cache in self.caches.values():
+            cache.clear()
+
+
+@dataclass
+class Parts:
+    """What a request carries: its user text (blocks joined as the judge backends join them), its
+    images, and its prompt as cache pieces, in order."""
+
+    text: str
+    images: list[dict[str, Any]]
+    pieces: list[Piece]
+
+    @property
+    def breakpoints(self) -> int:
+        return sum(1 for p in self.pieces if p.cache)
+
+
+def _text_piece(text: str, cache: bool = False) -> Piece:
+    return Piece("text:" + text, _tokens(text), cache)
+
+
+def _image_piece(ident: str, tokens: int, cache: bool = False) -> Piece:
+    return Piece("image:" + hashlib.sha256(ident.encode()).hexdigest(), tokens, cache)
+
+
+def _anthropic_parts(body: dict[str, Any], image_tokens: int) -> Parts:
+    texts, images, pieces = [], [], []
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        pieces.append(_text_piece(system))
+    elif isinstance(system, list):
+        pieces += [_text_piece(b.get("text", ""), bool(b.get("cache_control"))) for b in system]
     for message in body.get("messages") or []:
         content = message.get("content")
         if isinstance(content, str):
             texts.append(content)
+            pieces.append(_text_piece(content))
             continue
         for block in content or []:
+            marked = bool(block.get("cache_control"))
             if block.get("type") == "text":
                 texts.append(block.get("text", ""))
+                pieces.append(_text_piece(texts[-1], marked))
             elif block.get("type") == "image":
                 source = block.get("source") or {}
                 image = {"source": source.get("type"), "media_type": source.get("media_type")}
                 if source.get("type") == "base64":
                     image["bytes"] = _b64(source.get("data"))
                 images.append(image)
-    return "\n".join(texts), images
+                pieces.append(_image_piece(json.dumps(source, sort_keys=True), image_tokens, marked))
+    return Parts("".join(texts), images, pieces)
 
 
-def _openai_parts(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    texts, images = [], []
+def _openai_parts(body: dict[str, Any], image_tokens: int) -> Parts:
+    texts, images, pieces = [], [], []
     for message in body.get("messages") or []:
-        if message.get("role") == "system":
-            continue
         content = message.get("content")
+        system = message.get("role") == "system"
         if isinstance(content, str):
-            texts.append(content)
+            pieces.append(_text_piece(content))
+            if not system:
+                texts.append(content)
             continue
         for part in content or []:
             if part.get("type") == "text":
-                texts.append(part.get("text", ""))
+                pieces.append(_text_piece(part.get("text", "")))
+                if not system:
+                    texts.append(part.get("text", ""))
             elif part.get("type") == "image_url":
                 url = (part.get("image_url") or {}).get("url", "")
                 image = {"source": "data" if url.startswith("data:") else "url"}
                 if url.startswith("data:"):
                     image["bytes"] = _b64(url.partition(",")[2])
                 images.append(image)
-    return "\n".join(texts), images
+                pieces.append(_image_piece(url, image_tokens))
+    return Parts("".join(texts), images, pieces)
 
 
 def _b64(data: Any) -> bytes:
@@ -272,18 +481,28 @@ def _error(protocol: str, status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def _tokens(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: float = 0.0) -> FastAPI:
+def create_app(
+    oracle: Verdicts | Mapping[str, Any] | str | Path,
+    latency_s: float = 0.0,
+    *,
+    input_token_s: float = 0.0,
+    output_token_s: float = 0.0,
+    image_tokens: int = IMAGE_TOKENS,
+) -> FastAPI:
     """The judge server app; `oracle` may be an `Oracle`, its JSON mapping, a path to the file, or a
-    `PixelJudge`."""
+    `PixelJudge`. Latency: `latency_s` + `input_token_s` per uncached prompt token + `output_token_s` per
+    output token."""
     if isinstance(oracle, str | Path):
         oracle = Oracle.load(oracle)
     elif not isinstance(oracle, Oracle | PixelJudge):
         oracle = Oracle.from_mapping(oracle)
-    state = JudgeServerState(oracle=oracle, latency_s=latency_s)
+    state = JudgeServerState(
+        oracle=oracle,
+        latency_s=latency_s,
+        input_token_s=input_token_s,
+        output_token_s=output_token_s,
+        image_tokens=image_tokens,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -300,9 +519,10 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
         state.by_protocol[protocol] += 1
         try:
             body = await request.json()
-            text, images = (_anthropic_parts if protocol == "anthropic" else _openai_parts)(body)
+            parts = (_anthropic_parts if protocol == "anthropic" else _openai_parts)(body, state.image_tokens)
         except (ValueError, AttributeError, TypeError):
             return _error(protocol, 400, "invalid_request_error", "body is not a chat request")
+        text, images = parts.text, parts.images
         if state.latency_s:
             await asyncio.sleep(state.latency_s)
         if state.mode == "hang":
@@ -315,7 +535,7 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
             return _error(protocol, 429, "rate_limit_error", "injected rate limit")
         if state.mode == "badjson":
             return PlainTextResponse("{not json", media_type="application/json")
-        info = {"model": body.get("model") or "local-judge", "input": _tokens(text)}
+        info = {"model": body.get("model") or "local-judge", "parts": parts}
         if state.mode == "garbage":
             return GARBAGE_REPLY, info
         if _HINT_FIELDS.issubset(set(_FIELD_NAMES.findall(text))):  # a hint request (server/hints.py)
@@ -343,20 +563,42 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
             or any(m.get("role") == "system" for m in body.get("messages") or []),
             "sentences": len(prompt.sentences),
             "already_checked": prompt.already_checked,
-            "image_hint": prompt.image_hint,
+            "description": prompt.description,
+            "asks_description": prompt.asks_description,
+            "cache_control": parts.breakpoints,
         }
         try:
-            reply = format_reply(*state.oracle.verdicts(prompt.sentences, images_bytes), prompt.sentences, checked)
+            verdicts = state.oracle.verdicts(prompt.sentences, images_bytes)
         except ValueError as exc:  # the pixel judge without an inline image, or one it cannot decode
             return _error(protocol, 400, "invalid_request_error", str(exc))
-        return reply, info
+        state.descriptions += prompt.asks_description
+        return format_reply(*verdicts, prompt.sentences, checked, describe=prompt.asks_description), info
 
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Any:
-        outcome = await judge("anthropic", request)
+    async def answer(protocol: str, request: Request) -> tuple[str, dict[str, Any], Usage] | Response:
+        """`judge`'s reply with its usage, after the token-timed part of the latency."""
+        outcome = await judge(protocol, request)
         if isinstance(outcome, Response):
             return outcome
         reply, info = outcome
+        account = anthropic_usage if protocol == "anthropic" else vllm_usage
+        usage = account(state.caches[protocol], info["parts"].pieces, _tokens(reply))
+        state.tokens.add(usage)
+        if state.last_request is not None:
+            state.last_request["usage"] = dataclasses.asdict(usage)
+        extra = state.reply_seconds(usage) - state.latency_s  # the fixed part was slept already
+        if extra > 0:
+            await asyncio.sleep(extra)
+        return reply, info, usage
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        outcome = await answer("anthropic", request)
+        if isinstance(outcome, Response):
+            return outcome
+        reply, info, usage = outcome
+        tokens: dict[str, int] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+        if info["parts"].breakpoints:  # what the Messages API adds once a request uses the cache
+            tokens |= {"cache_creation_input_tokens": usage.created, "cache_read_input_tokens": usage.cached}
         return {
             "id": f"msg_local_{next(state.ids)}",
             "type": "message",
@@ -365,16 +607,15 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
             "content": [{"type": "text", "text": reply}],
             "stop_reason": "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": info["input"], "output_tokens": _tokens(reply)},
+            "usage": tokens,
         }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        outcome = await judge("openai", request)
+        outcome = await answer("openai", request)
         if isinstance(outcome, Response):
             return outcome
-        reply, info = outcome
-        output = _tokens(reply)
+        reply, info, usage = outcome
         return {
             "id": f"chatcmpl-local-{next(state.ids)}",
             "object": "chat.completion",
@@ -389,9 +630,10 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
                 }
             ],
             "usage": {
-                "prompt_tokens": info["input"],
-                "completion_tokens": output,
-                "total_tokens": info["input"] + output,
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.prompt_tokens + usage.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached},
             },
         }
 
@@ -402,20 +644,25 @@ def create_app(oracle: Verdicts | Mapping[str, Any] | str | Path, latency_s: flo
             "sentences_judged": state.sentences_judged,
             "by_protocol": dict(state.by_protocol),
             "last_request": state.last_request,
+            "tokens": dataclasses.asdict(state.tokens),
+            "descriptions": state.descriptions,
+            "latency_model": state.latency_model(),
         }
 
     @app.post("/_control")
     async def control(change: Control) -> dict[str, Any]:
         if change.latency_s is not None:
             state.latency_s = change.latency_s
+        if change.input_token_s is not None:
+            state.input_token_s = change.input_token_s
+        if change.output_token_s is not None:
+            state.output_token_s = change.output_token_s
         if change.mode is not None:
             state.mode = change.mode
         if change.obey_checked is not None:
             state.obey_checked = change.obey_checked
         if change.reset_stats:
-            state.requests = state.sentences_judged = 0
-            state.by_protocol = {"anthropic": 0, "openai": 0}
-            state.last_request = None
+            state.reset()
         return state.public()
 
     return app
@@ -438,10 +685,19 @@ def main(argv: list[str] | None = None) -> None:
     verdicts = parser.add_mutually_exclusive_group(required=True)
     verdicts.add_argument("--oracle", help="JSON file: {'unfaithful': [...], ...}")
     verdicts.add_argument("--shapesworld", action="store_true", help="judge ShapesWorld images by their pixels")
-    parser.add_argument("--latency-s", type=float, default=0.0)
+    parser.add_argument("--latency-s", type=float, default=0.0, help="fixed part of every reply's latency")
+    parser.add_argument("--input-token-s", type=float, default=0.0, help="seconds per uncached prompt token")
+    parser.add_argument("--output-token-s", type=float, default=0.0, help="seconds per output token")
+    parser.add_argument("--image-tokens", type=int, default=IMAGE_TOKENS, help="prompt tokens per image")
     parser.add_argument("--mode", choices=["ok", "500", "429", "garbage", "badjson", "hang"], default="ok")
     args = parser.parse_args(argv)
-    app = create_app(PixelJudge() if args.shapesworld else args.oracle, latency_s=args.latency_s)
+    app = create_app(
+        PixelJudge() if args.shapesworld else args.oracle,
+        latency_s=args.latency_s,
+        input_token_s=args.input_token_s,
+        output_token_s=args.output_token_s,
+        image_tokens=args.image_tokens,
+    )
     app.state.judge.mode = args.mode
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="none", timeout_graceful_shutdown=2)
 

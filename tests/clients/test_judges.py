@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import typing
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -22,7 +23,8 @@ from faithproxy.benchmarks.standins.judge_server import (
     running_judge_server,
 )
 from faithproxy.benchmarks.standins.local_server import running_app
-from faithproxy.clients.anthropic_judge import AnthropicJudge
+from faithproxy.clients.anthropic_judge import AnthropicJudge, text_blocks
+from faithproxy.clients.judge_base import TextBlock, TokenCounts
 from faithproxy.clients.judges import (
     BACKENDS,
     JudgeBackend,
@@ -31,7 +33,7 @@ from faithproxy.clients.judges import (
     build_judge,
     build_judges,
 )
-from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt
+from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt, build_judge_turn
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import parse_image_url
 from tests.support import local_judge_config
@@ -64,10 +66,62 @@ async def judge(request: pytest.FixtureRequest, server: tuple[str, JudgeServerSt
 async def test_reply_usage_and_latency(judge: JudgeBackend, server: tuple[str, JudgeServerState]) -> None:
     result = await judge.complete(JUDGE_SYSTEM_PROMPT, PROMPT, [DATA_IMAGE])
     assert "[Faithfulness]: UNFAITHFUL" in result.text
-    assert "[First unfaithful sentence]: Sentence 1: The man wears a red scarf." in result.text
+    assert result.text.endswith("[First unfaithful sentence]: 1")  # the incremental protocol names it by number
     assert result.input_tokens > 0 and result.output_tokens > 0 and result.latency_s > 0
     last = server[1].last_request
     assert last is not None and last["model"] == "judge-model" and last["has_system"]
+
+
+TURN = build_judge_turn(
+    "What does the man wear?", ["A man stands by a bike.", "The man wears a red scarf."], already_checked=1
+)
+
+
+async def test_anthropic_sends_cache_breakpoints_and_records_cache_tokens(server: tuple[str, JudgeServerState]) -> None:
+    """The marked blocks reach the Messages API as cache_control breakpoints; the second call of the same
+    prefix reads what the first wrote, and both counts come back through the SDK's usage."""
+    judge = build_judge(config("anthropic", server[0]))
+    try:
+        first = await judge.complete(JUDGE_SYSTEM_PROMPT, TURN, [DATA_IMAGE])
+        second = await judge.complete(JUDGE_SYSTEM_PROMPT, TURN, [DATA_IMAGE])
+    finally:
+        await judge.aclose()
+    assert server[1].last_request is not None and server[1].last_request["cache_control"] == 3
+    assert first.cache_creation_tokens > 0 and first.cached_input_tokens == 0
+    assert second.cached_input_tokens == first.cache_creation_tokens and second.cache_creation_tokens == 0
+    assert second.input_tokens == first.input_tokens  # the request line after the last breakpoint
+    assert second.usage().prompt_tokens == first.usage().prompt_tokens
+
+
+def test_anthropic_keeps_at_most_four_breakpoints() -> None:
+    blocks = text_blocks([TextBlock(f"b{i}", cache=True) for i in range(6)])
+    assert [("cache_control" in b) for b in blocks] == [True] * 4 + [False] * 2
+    assert text_blocks([TextBlock("plain")]) == [{"type": "text", "text": "plain"}]
+
+
+async def test_openai_joins_blocks_and_records_cached_tokens(server: tuple[str, JudgeServerState]) -> None:
+    """One text part whatever the blocks (vLLM caches by tokens, not blocks); the cached share of the
+    prompt comes from usage.prompt_tokens_details and is not counted as fresh input."""
+    judge = build_judge(config("openai", server[0]))
+    try:
+        first = await judge.complete(JUDGE_SYSTEM_PROMPT, TURN, [DATA_IMAGE])
+        second = await judge.complete(JUDGE_SYSTEM_PROMPT, TURN, [DATA_IMAGE])
+    finally:
+        await judge.aclose()
+    assert server[1].last_request is not None and server[1].last_request["cache_control"] == 0
+    assert first.cached_input_tokens == 0 and second.cached_input_tokens > 0
+    assert second.input_tokens + second.cached_input_tokens == first.input_tokens
+    assert second.cache_creation_tokens == 0
+
+
+def test_openai_usage_without_details_counts_everything_fresh() -> None:
+    """vLLM without --enable-prompt-tokens-details sends no details: nothing is taken as cached."""
+    reply = SimpleNamespace(
+        choices=[SimpleNamespace(message=SimpleNamespace(content="ok"))],
+        usage=SimpleNamespace(prompt_tokens=120, completion_tokens=7, prompt_tokens_details=None),
+    )
+    judge = OpenAICompatibleJudge(JudgeConfig(name="q", backend="openai", model="m", api_key="k"))
+    assert judge._read(reply) == ("ok", TokenCounts(input_tokens=120, output_tokens=7))
 
 
 async def test_anthropic_image_blocks(server: tuple[str, JudgeServerState]) -> None:

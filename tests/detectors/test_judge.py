@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from faithproxy.benchmarks.standins.judge_server import JudgeServerState, create_app, running_judge_server
+from faithproxy.benchmarks.standins.judge_server import VLLM_BLOCK, JudgeServerState, create_app, running_judge_server
+from faithproxy.clients.judge_base import UserTurn
 from faithproxy.clients.judges import JudgeBackend, JudgeConfig, JudgeResult, build_judge
 from faithproxy.detectors.judge import DescriptionCache, JudgeDetector
 from faithproxy.detectors.none import NoneDetector
@@ -117,15 +118,105 @@ async def test_no_new_steps_no_call(env: Env) -> None:
     assert env.state.requests == 0
 
 
-async def test_description_is_cached_and_sent_back_as_a_hint(env: Env) -> None:
+async def test_the_image_is_described_once_per_request_and_then_part_of_every_prompt(env: Env) -> None:
+    ctx = context()
+    await env.detector.check(ctx, steps("A man stands next to a bicycle."))
+    last = env.state.last_request
+    assert last is not None and last["asks_description"] and last["description"] is None
+    assert ctx.judge_state.description == ORACLE["description"] and ctx.judge_state.descriptions == 1
+    ctx.accepted = steps("A man stands next to a bicycle.")
+    await env.detector.check(ctx, steps("The bicycle is blue.", start=1))
+    assert env.state.last_request["description"] == ORACLE["description"]
+    assert not env.state.last_request["asks_description"]
+    assert ctx.judge_state.descriptions == 1 and env.state.descriptions == 1
+
+
+async def test_a_later_request_about_the_same_image_starts_with_its_description(env: Env) -> None:
     await env.detector.check(context(), steps("A man stands next to a bicycle."))
-    assert env.state.last_request is not None and env.state.last_request["image_hint"] is None
-    await env.detector.check(context(), steps("The bicycle is blue."))
-    assert env.state.last_request["image_hint"] == ORACLE["description"]
+    again = context()
+    await env.detector.check(again, steps("The bicycle is blue."))
+    assert env.state.last_request is not None and env.state.last_request["description"] == ORACLE["description"]
+    assert again.judge_state.descriptions == 0 and env.state.descriptions == 1  # nothing asked, nothing written
     await env.detector.check(context(images=[OTHER_IMAGE]), steps("The bicycle is blue."))
-    assert env.state.last_request["image_hint"] is None  # another image, another key
+    assert env.state.last_request["asks_description"]  # another image, another description
+    assert env.state.last_request["description"] is None
     await env.detector.check(context(images=[]), steps("The bicycle is blue."))
-    assert env.state.last_request["image_hint"] is None  # nothing to describe without an image
+    assert not env.state.last_request["asks_description"]  # nothing to describe without an image
+    assert env.state.last_request["description"] is None
+
+
+async def test_the_judge_is_asked_about_new_sentences_only_and_its_bill_stays_flat(env: Env) -> None:
+    """A 40-step chain, one new step per call: the reply types one sentence, so its output tokens are
+    the same on every call but the first (which holds the description); the prompt grows, but the part the cache
+    does not serve does not (both wire protocols, each with its own caching)."""
+    ctx = context()
+    bills = []
+    for i in range(40):
+        text = f"Step {i}: the bicycle has {i} spokes on its front wheel."
+        await env.detector.check(ctx, steps(text, start=i))
+        ctx.accepted.append(steps(text, start=i)[0])
+        last = env.state.last_request
+        assert last is not None and (last["sentences"], last["already_checked"]) == (i + 1, i)
+        bills.append(last["usage"])
+    outputs = [b["output_tokens"] for b in bills[1:]]
+    assert max(outputs) - min(outputs) <= 1  # "Sentence 9" to "Sentence 10": one character more
+    assert max(outputs) <= 15 < bills[0]["output_tokens"]
+    fresh = [b["input_tokens"] + b["created"] for b in bills[2:]]
+    # a sentence's worth of difference, not the chain's; vLLM's cache serves whole blocks only
+    block = VLLM_BLOCK if env.state.last_request["protocol"] == "openai" else 0
+    assert max(fresh) - min(fresh) <= 4 + block
+    assert bills[-1]["cached"] > bills[2]["cached"]  # the accepted chain is served from cache
+    usage = ctx.judge_state.usage
+    assert usage.calls == 40 == env.state.requests
+    assert usage.input_tokens + usage.cache_creation_tokens == sum(b["input_tokens"] + b["created"] for b in bills)
+    assert usage.cached_input_tokens == sum(b["cached"] for b in bills)
+    assert usage.output_tokens == sum(b["output_tokens"] for b in bills)
+    assert env.detector.usage.calls == 40 and env.detector.calls == 40
+
+
+async def test_anthropic_calls_mark_cache_breakpoints(env: Env) -> None:
+    ctx = context(accepted=steps("A man stands next to a bicycle."))
+    await env.detector.check(ctx, steps("The bicycle is blue.", start=1))
+    last = env.state.last_request
+    assert last is not None
+    # question, end of the accepted chain, end of the chain; the OpenAI protocol marks nothing
+    assert last["cache_control"] == (3 if last["protocol"] == "anthropic" else 0)
+
+
+async def test_every_call_is_reported_as_it_returns(env: Env) -> None:
+    seen: list[tuple[str, int, int]] = []
+    ctx = context()
+    ctx.judge_state.on_call = lambda judge, call: seen.append((judge, call.calls, call.output_tokens))
+    await env.detector.check(ctx, steps("A man stands next to a bicycle."))
+    await env.detector.check(ctx, steps("The bicycle is blue."))
+    assert [(j, n) for j, n, _ in seen] == [(env.judge_name, 1)] * 2
+    assert sum(out for _, _, out in seen) == ctx.judge_state.usage.output_tokens > 0
+
+
+async def test_past_the_budget_steps_pass_unchecked_without_a_call(env: Env) -> None:
+    ctx = context()
+    ctx.options["judge_budget_tokens"] = 1  # spent by the first call, whatever it costs
+    first = await env.detector.check(ctx, steps("The man wears a red scarf."))
+    assert [v.faithfulness for v in first] == [U] and env.state.requests == 1
+    verdicts = await env.detector.check(ctx, steps("The basket is empty.", "He might be cold.", start=1, kind=P))
+    assert env.state.requests == 1  # no call past the budget
+    assert [(v.faithfulness, v.unchecked) for v in verdicts] == [(N, "budget")] * 2
+    assert verdicts[0].reason == f"judge:{env.judge_name}:budget" and verdicts[0].kind is P
+    assert ctx.judge_state.budget_steps == 2
+    none_at_all = context()
+    none_at_all.options["judge_budget_tokens"] = 0
+    assert [v.unchecked for v in await env.detector.check(none_at_all, steps("a", "b", kind=R))] == ["budget"] * 2
+    assert env.state.requests == 1 and none_at_all.judge_state.budget_steps == 0  # reasoning steps: not counted
+
+
+async def test_cache_reads_do_not_count_against_the_budget(env: Env) -> None:
+    ctx = context()
+    for i in range(6):
+        await env.detector.check(ctx, steps(f"The bicycle has {i} bells.", start=i))
+        ctx.accepted += steps(f"The bicycle has {i} bells.", start=i)
+    usage = ctx.judge_state.usage
+    assert usage.budget_tokens == usage.input_tokens + usage.cache_creation_tokens + usage.output_tokens
+    assert usage.cached_input_tokens > 0 and usage.budget_tokens < usage.prompt_tokens + usage.output_tokens
 
 
 @pytest.mark.parametrize(
@@ -161,7 +252,7 @@ class ScriptedJudge(JudgeBackend):
         super().__init__(JudgeConfig(name="scripted", backend="openai", model="m", api_key="k"))
         self.reply = reply
 
-    async def complete(self, system: str, user: str, images: Sequence[ImageRef] = ()) -> JudgeResult:
+    async def complete(self, system: str, user: UserTurn, images: Sequence[ImageRef] = ()) -> JudgeResult:
         return JudgeResult(self.reply, 1, 1, 0.25)
 
     async def aclose(self) -> None:

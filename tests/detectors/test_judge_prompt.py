@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from faithproxy.clients.judge_base import TextBlock
 from faithproxy.detectors.judge_prompt import (
+    JUDGE_SYSTEM_PROMPT,
     JudgeReply,
     build_judge_prompt,
+    build_judge_turn,
+    chain_cuts,
     parse_judge_prompt,
     parse_judge_prompt_details,
     parse_judge_reply,
@@ -27,49 +33,75 @@ CHAIN = [
 # ------------------------------------------------------------------------------------------- prompt
 
 
-def test_prompt_has_the_table_15_structure() -> None:
-    prompt = build_judge_prompt("What does the man wear?", CHAIN)
-    assert prompt.startswith("Question:\nWhat does the man wear?\n")
-    assert "Sentence 1: The image shows a man standing next to a bicycle." in prompt
-    assert "Sentence 4: So the man is probably going shopping." in prompt
+def test_system_prompt_has_the_table_15_structure() -> None:
+    """Grounding first, typing, the 'matters for the question' rule, the first unfaithful sentence only;
+    the prefix field of Table 15 is gone (the number of the first unfaithful sentence says it)."""
     for needle in (
-        "describe it briefly",
+        "describe it briefly, before anything else",
         "PERCEPTION",
         "REASONING",
         "matters for answering the question",
         "FIRST unfaithful",
+        "[Image description]:",
         "[Faithfulness]: FAITHFUL or UNFAITHFUL",
-        "[Faithful reasoning chain prefix]:",
-        "[First unfaithful sentence]:",
+        "[First unfaithful sentence]: <its number>",
+        "never report them",
     ):
-        assert needle in prompt
-    assert "checked before" not in prompt and "earlier look" not in prompt
+        assert needle in JUDGE_SYSTEM_PROMPT
+    assert "[Faithful reasoning chain prefix]" not in JUDGE_SYSTEM_PROMPT
+
+
+def test_prompt_lays_out_question_chain_and_the_sentences_to_check() -> None:
+    prompt = build_judge_prompt("What does the man wear?", CHAIN, ask_description=True)
+    assert prompt.startswith("Question:\nWhat does the man wear?\n")
+    assert "Sentence 1: The image shows a man standing next to a bicycle." in prompt
+    assert "Sentence 4: So the man is probably going shopping." in prompt
+    assert prompt.endswith("\nCheck sentences 1 to 4. Begin with [Image description].\n")
+    later = build_judge_prompt("q", CHAIN, already_checked=3, description="A man.")
+    assert later.endswith("\nCheck sentence 4. Sentences 1 to 3 are context only.\n")
+    assert "A man." in later and "Begin with" not in later
+    # the instructions are in the system prompt, not repeated in every user turn
+    assert "Instructions" not in prompt and "Reply in exactly" not in prompt
 
 
 def test_prompt_reads_back() -> None:
     question = "Look closely.\n\nWhich option (A or B) is right?"
     sentences = ["First\nline  with   gaps.", "Sentence 2: quoted inside.", ""]
-    prompt = build_judge_prompt(question, sentences, already_checked=2, image_hint="A red\ncar.")
+    prompt = build_judge_prompt(question, sentences, already_checked=2, description="A red\ncar.")
     parsed = parse_judge_prompt_details(prompt)
     assert parsed.question == question
     assert parsed.sentences == ["First line with gaps.", "Sentence 2: quoted inside.", ""]
     assert parsed.already_checked == 2
-    assert parsed.image_hint == "A red car."
+    assert parsed.description == "A red car."
+    assert parsed.asks_description is False
     assert parse_judge_prompt(prompt) == (question, parsed.sentences)
+    asking = parse_judge_prompt_details(build_judge_prompt(question, sentences, ask_description=True))
+    assert asking.asks_description is True and asking.description is None
+    # a description given is never asked for again
+    assert not parse_judge_prompt_details(
+        build_judge_prompt(question, sentences, description="A car.", ask_description=True)
+    ).asks_description
 
 
 @given(
-    question=st.text(min_size=1).filter(lambda q: q.strip() and "Reasoning chain so far" not in q),
-    sentences=st.lists(st.text(), max_size=6),
+    question=st.text(min_size=1).filter(
+        lambda q: q.strip() and "Reasoning chain so far" not in q and "Your description of the image" not in q
+    ),
+    sentences=st.lists(st.text(), min_size=1, max_size=6),
+    description=st.one_of(st.none(), st.text().filter(lambda d: d.strip())),
     data=st.data(),
 )
-def test_prompt_round_trip_property(question: str, sentences: list[str], data: st.DataObject) -> None:
-    checked = data.draw(st.integers(0, len(sentences)))
-    prompt = build_judge_prompt(question, sentences, already_checked=checked)
+def test_prompt_round_trip_property(
+    question: str, sentences: list[str], description: str | None, data: st.DataObject
+) -> None:
+    checked = data.draw(st.integers(0, len(sentences) - 1))
+    splits = data.draw(st.sets(st.integers(-2, len(sentences) + 2)))
+    prompt = build_judge_prompt(question, sentences, already_checked=checked, description=description, splits=splits)
     parsed = parse_judge_prompt_details(prompt)
     assert parsed.question == question.strip()
     assert parsed.sentences == [" ".join(s.split()) for s in sentences]
     assert parsed.already_checked == checked
+    assert parsed.description == (" ".join(description.split()) if description else None)
 
 
 @pytest.mark.parametrize("text", ["", "hello", "Question:\nwhat?\n\nno chain here", "Question:\nq\n"])
@@ -81,6 +113,57 @@ def test_parse_prompt_rejects_other_text(text: str) -> None:
 def test_build_prompt_rejects_bad_checked_count() -> None:
     with pytest.raises(ValueError):
         build_judge_prompt("q", ["a"], already_checked=2)
+    with pytest.raises(ValueError):  # nothing left to check is not a call worth making
+        build_judge_prompt("q", ["a"], already_checked=1)
+
+
+def test_blocks_are_cut_where_earlier_calls_cut_them() -> None:
+    blocks = build_judge_turn("q", ["a", "b", "c", "d", "e"], already_checked=3, description="D.", splits={1, 9})
+    texts = [b.text for b in blocks]
+    assert texts[0] == "Question:\nq\n\n" and blocks[0].cache  # shared by every call of a request
+    assert texts[1].endswith("D.\n\n") and not blocks[1].cache
+    assert texts[2].endswith("Sentence 1: a\n") and not blocks[2].cache  # an earlier call's cut
+    assert texts[3] == "Sentence 2: b\nSentence 3: c\n" and blocks[3].cache  # the end of the accepted part
+    assert texts[4] == "Sentence 4: d\nSentence 5: e\n" and blocks[4].cache  # the end of the chain
+    assert texts[5].startswith("\nCheck sentences 4 to 5.") and not blocks[5].cache
+    assert chain_cuts(5, 3, {1, 9}) == [1, 3, 5]
+
+
+@given(
+    batches=st.lists(st.integers(1, 4), min_size=2, max_size=12),
+    flagged=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_each_call_repeats_the_previous_call_block_for_block(batches: list[int], flagged: list[bool]) -> None:
+    """Calls made the way the detector makes them (cuts remembered per request): when a call's new
+    sentences were all accepted, the next call starts with every block of that call but its request
+    line; when one was rewritten, it still starts with every block before the rewritten sentence."""
+    splits: set[int] = set()
+    accepted: list[str] = []
+    previous: list[TextBlock] | None = None
+    rewritten_at: int | None = None  # where the previous call's first new sentence was rewritten
+    counter = iter(range(10_000))
+    for i, size in enumerate(batches):
+        new = [f"sentence {next(counter)} about the image." for _ in range(size)]
+        sentences = accepted + new
+        blocks = build_judge_turn("q?", sentences, already_checked=len(accepted), description="D.", splits=splits)
+        splits.update(chain_cuts(len(sentences), len(accepted), splits))
+        if previous is not None:
+            stable = [b.text for b in previous[:-1]]
+            if rewritten_at is not None:
+                stable = [b.text for b in previous[:-1] if _covers(b.text) <= rewritten_at]
+            assert [b.text for b in blocks[: len(stable)]] == stable
+        rewritten_at = len(accepted) if flagged[i] else None
+        if flagged[i]:  # the first new sentence was unfaithful and rewritten; the rest was dropped
+            accepted = [*accepted, "a rewritten sentence."]
+        else:
+            accepted = sentences
+        previous = blocks
+
+
+def _covers(text: str) -> int:
+    """The highest sentence number a block holds (0 for blocks before the chain)."""
+    numbers = [int(n) for n in re.findall(r"^Sentence (\d+):", text, re.MULTILINE)]
+    return max(numbers, default=0)
 
 
 # -------------------------------------------------------------------------------------------- reply

@@ -11,8 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from faithproxy.benchmarks.standins.judge_server import Oracle, create_app, running_judge_server
-from faithproxy.detectors.judge_prompt import build_judge_prompt, parse_judge_reply
+from faithproxy.benchmarks.standins.judge_server import (
+    VLLM_BLOCK,
+    Oracle,
+    Usage,
+    create_app,
+    running_judge_server,
+)
+from faithproxy.clients.anthropic_judge import text_blocks
+from faithproxy.clients.judge_base import TextBlock
+from faithproxy.detectors.judge_prompt import build_judge_prompt, build_judge_turn, parse_judge_reply
 from faithproxy.faithcore.types import StepKind
 from faithproxy.tinyvlm import processes
 from faithproxy.tinyvlm.processes import free_port
@@ -171,3 +179,72 @@ def test_command_line(tmp_path: Path) -> None:
         reply = httpx.post(f"{url}/v1/chat/completions", json=openai_body(PROMPT), timeout=5).json()
         assert "[Faithfulness]: UNFAITHFUL" in reply["choices"][0]["message"]["content"]
         assert httpx.get(f"{url}/_stats", timeout=5).json()["requests"] == 1
+
+
+# ------------------------------------------------------------------ the incremental protocol, caching, timing
+
+
+def test_reply_describes_only_when_asked_and_types_only_the_checked_sentences() -> None:
+    oracle = Oracle.from_mapping(ORACLE)
+    reply = oracle.reply(CHAIN, already_checked=2, describe=False)
+    assert reply == "Sentence 3: REASONING\nSentence 4: REASONING\n[Faithfulness]: FAITHFUL"
+    flagged = oracle.reply(CHAIN, already_checked=1)
+    assert flagged.startswith("[Image description]: A cat.\nSentence 2: PERCEPTION\n")
+    assert flagged.endswith("[Faithfulness]: UNFAITHFUL\n[First unfaithful sentence]: 2")
+
+
+def messages_body(blocks: list[TextBlock]) -> dict[str, object]:
+    content = text_blocks(blocks)
+    return {"model": "m", "max_tokens": 64, "system": "judge", "messages": [{"role": "user", "content": content}]}
+
+
+async def test_messages_api_honours_cache_control_with_its_look_back(client: httpx.AsyncClient) -> None:
+    first_turn = build_judge_turn("What colour is the cat?", CHAIN[:2], already_checked=1, ask_description=True)
+    usage = (await client.post("/v1/messages", json=messages_body(first_turn))).json()["usage"]
+    assert usage["cache_read_input_tokens"] == 0 and usage["cache_creation_input_tokens"] > 0
+    # the next call puts the description after the question: its chain breakpoints miss, but the look-back
+    # finds the question's block boundary, which the first call wrote
+    later = build_judge_turn("What colour is the cat?", CHAIN, already_checked=2, description="A cat.", splits={1})
+    usage2 = (await client.post("/v1/messages", json=messages_body(later))).json()["usage"]
+    question_tokens = len(first_turn[0].text) // 4 + len("judge") // 4 or 1
+    assert 0 < usage2["cache_read_input_tokens"] <= question_tokens + 2
+    assert usage2["cache_creation_input_tokens"] > 0
+    # the same call again: everything up to the last breakpoint is read
+    usage3 = (await client.post("/v1/messages", json=messages_body(later))).json()["usage"]
+    read, written = usage2["cache_read_input_tokens"], usage2["cache_creation_input_tokens"]
+    assert usage3["cache_read_input_tokens"] == read + written
+    assert usage3["cache_creation_input_tokens"] == 0 and usage3["input_tokens"] == usage2["input_tokens"]
+    stats = (await client.get("/_stats")).json()
+    assert stats["tokens"]["cached_input_tokens"] == read + usage3["cache_read_input_tokens"]
+    assert stats["last_request"]["cache_control"] == 3
+
+
+async def test_chat_completions_cache_prefixes_like_vllm(client: httpx.AsyncClient) -> None:
+    body = openai_body(PROMPT)
+    first = (await client.post("/v1/chat/completions", json=body)).json()["usage"]
+    again = (await client.post("/v1/chat/completions", json=body)).json()["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert cached % VLLM_BLOCK == 0 and first["prompt_tokens"] - VLLM_BLOCK <= cached < first["prompt_tokens"]
+    other = openai_body(build_judge_prompt("Which cat?", CHAIN))  # same system and image, another question
+    partial = (await client.post("/v1/chat/completions", json=other)).json()["usage"]
+    assert 0 < partial["prompt_tokens_details"]["cached_tokens"] < cached
+
+
+def test_latency_follows_the_token_timing() -> None:
+    state = create_app(ORACLE, 0.2, input_token_s=0.001, output_token_s=0.02).state.judge
+    assert state.reply_seconds(Usage(input_tokens=100, output_tokens=10, cached=5000, created=50)) == pytest.approx(
+        0.2 + 0.001 * 150 + 0.02 * 10
+    )
+
+
+async def test_control_sets_the_token_timing_and_stats_show_it(client: httpx.AsyncClient) -> None:
+    state = (await client.post("/_control", json={"input_token_s": 0.0001, "output_token_s": 0.001})).json()
+    assert state == {"latency_s": 0.0, "mode": "ok", "obey_checked": True}
+    stats = (await client.get("/_stats")).json()
+    assert stats["latency_model"] == {"fixed_s": 0.0, "input_token_s": 0.0001, "output_token_s": 0.001}
+    await client.post("/v1/chat/completions", json=openai_body(build_judge_prompt("q", CHAIN, ask_description=True)))
+    assert (await client.get("/_stats")).json()["descriptions"] == 1
+    await client.post("/_control", json={"reset_stats": True})
+    stats = (await client.get("/_stats")).json()
+    assert stats["descriptions"] == 0 and stats["tokens"]["input_tokens"] == 0
