@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from faithproxy.faithcore.context import ChainContext
 from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.reasoning_formats import FORMATS, Continuation, ReasoningFormat
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
 from faithproxy.server.reader import ExtraDelta, Item, RoundEnd, RoundFailed, TextDelta, TrailingRaw
 
@@ -71,11 +72,13 @@ Emit = EmitText | EmitExtra | EmitVerdicts | EmitEnd
 @dataclass
 class StartRound:
     """Open an upstream stream. `accepted` is None for the first round; for a continuation it is the
-    accepted raw text per channel (the partial assistant message), and `max_tokens` what is left of the
+    accepted raw text per channel, `continuation` the partial assistant message the reasoning format
+    makes of it and whether the round starts after the think block, and `max_tokens` what is left of the
     client's completion budget (None: the client set none)."""
 
     accepted: dict[Channel, str] | None = None
     max_tokens: int | None = None
+    continuation: Continuation | None = None
 
 
 @dataclass
@@ -158,6 +161,8 @@ class Rules:
     detector_checks: bool = True  # Detector.checks: False for `none`, whose UNKNOWN is no error
     detector_types_steps: bool = False  # Detector.types_steps: it gets batches without perception steps
     completion_budget: int | None = None  # the client's max_tokens / max_completion_tokens
+    # Where the model writes its thinking and how its template renders a partial message (continuations).
+    reasoning_format: ReasoningFormat = FORMATS["think"]
 
 
 @dataclass
@@ -515,12 +520,20 @@ class CorrectionCore:
     # ---- rounds -----------------------------------------------------------------------------
 
     def _continue(self) -> None:
-        """Start a round that continues from the accepted text, or end when the budget is spent."""
+        """Start a round that continues from the accepted text, or end when the budget is spent.
+
+        Text the template will put between the accepted text and the model's next token (a think block it
+        closes: faithcore.reasoning_formats) is emitted and accepted first, as the model's own.
+        """
         remaining = self.budget.remaining()
         if remaining is not None and remaining <= 0:
             self._finish("length")
             return
-        self._start_round(StartRound(dict(self._accepted_raw), remaining))
+        continuation = self.rules.reasoning_format.continuation(self._accepted_raw)
+        for channel, text in continuation.bridge.items():
+            self._accepted_raw[channel] += text
+            self._out.append(EmitText(channel, self._field(channel), text))
+        self._start_round(StartRound(dict(self._accepted_raw), remaining, continuation))
 
     def _start_round(self, start: StartRound | None) -> None:
         self.stats.rounds += 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.errors import PolicyError
+from faithproxy.faithcore.reasoning_formats import FORMATS
 from faithproxy.server.settings import Mode, OnDetectorError, Settings
 
 HEADER_MODE = "x-faithproxy-mode"
@@ -24,6 +25,9 @@ HEADER_PROBE_THRESHOLD = "x-faithproxy-probe-threshold"
 HEADER_CASCADE_LOW = "x-faithproxy-cascade-low"
 HEADER_CASCADE_HIGH = "x-faithproxy-cascade-high"
 HEADER_HINTS = "x-faithproxy-hints"
+# The served model's reasoning format, for a proxy whose upstream serves models of several formats
+# (settings.reasoning_format otherwise): which markers bound steps, how a chain is continued.
+HEADER_REASONING_FORMAT = "x-faithproxy-reasoning-format"
 
 _MODES = ("correct", "detect", "off")
 _ON_ERROR = ("pass", "fail")
@@ -43,6 +47,7 @@ class RequestPolicy:
     cascade_low: float | None = None  # None: the server's settings
     cascade_high: float | None = None
     hints: bool = False  # collaborative hint inference before generation (server/hints.py)
+    reasoning_format: str | None = None  # None: the server's settings
 
     def detector_options(self) -> dict[str, float]:
         """The per-request detector settings that were given (ChainContext.options)."""
@@ -166,6 +171,10 @@ def policy_from_headers(
                 code="invalid_header",
             )
 
+    reasoning_format = None
+    if (raw := headers.get(HEADER_REASONING_FORMAT)) is not None:
+        reasoning_format = _choice(HEADER_REASONING_FORMAT, raw, FORMATS)
+
     if mode != "off" and judge is None and _uses_judge(detector):
         raise PolicyError(
             f"The {detector} detector was requested but this server has no judges configured "
@@ -184,4 +193,5 @@ def policy_from_headers(
         cascade_low=low,
         cascade_high=high,
         hints=hints,
+        reasoning_format=reasoning_format,
     )

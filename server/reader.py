@@ -15,7 +15,7 @@ from typing import Any
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.faithcore.kinds import classify_step
-from faithproxy.faithcore.segmenter import StepSegmenter
+from faithproxy.faithcore.segmenter import THINK_TAGS, StepSegmenter
 from faithproxy.faithcore.types import Channel, Step
 
 # Fields of a streamed delta that carry text we segment; everything else is passed on untouched.
@@ -64,7 +64,12 @@ Item = Step | TextDelta | ExtraDelta | TrailingRaw | RoundEnd | RoundFailed
 
 @dataclass
 class RoundReader:
-    """Reads `body` as a stream and puts Items on `queue`, numbering steps from `first_index`."""
+    """Reads `body` as a stream and puts Items on `queue`, numbering steps from `first_index`.
+
+    `tags`: the markers that bound steps (the reasoning format's). `in_answer`: the round continues a
+    chain after its think block, so every text field is answer text: vLLM's reasoning parser starts each
+    stream inside the thinking and would put the whole answer in `reasoning`.
+    """
 
     generator: VLLMClient
     body: dict[str, Any]
@@ -72,9 +77,11 @@ class RoundReader:
     # Items, in order. The session may post its own events into the same queue (detect mode's check
     # results), so that it waits on one queue for whatever comes first.
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    tags: tuple[str, ...] = THINK_TAGS
+    in_answer: bool = False
 
     def __post_init__(self) -> None:
-        self._segmenters = {Channel.REASONING: StepSegmenter(), Channel.CONTENT: StepSegmenter()}
+        self._segmenters = {channel: StepSegmenter(tags=self.tags) for channel in Channel}
         self._next_index = self.first_index
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
@@ -102,13 +109,14 @@ class RoundReader:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            for name, channel in TEXT_FIELDS.items():
+            for name, parsed_channel in TEXT_FIELDS.items():
                 text = delta.get(name)
                 if isinstance(text, str) and text:
+                    field_name, channel = ("content", Channel.CONTENT) if self.in_answer else (name, parsed_channel)
                     if channel is Channel.CONTENT:
                         # Thinking is over once the answer starts: its last sentence is complete.
                         self._flush(Channel.REASONING)
-                    self.queue.put_nowait(TextDelta(channel, name, text))
+                    self.queue.put_nowait(TextDelta(channel, field_name, text))
                     for segment in self._segmenters[channel].feed(text):
                         self._put_step(channel, segment.text, segment.raw)
             extra = {k: v for k, v in delta.items() if k not in _SKIPPED_DELTA_FIELDS and v not in (None, [], "")}

@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
 from faithproxy.detectors.registry import DETECTORS
+from faithproxy.faithcore.reasoning_formats import FORMATS
 from faithproxy.server.policy import (
     HEADER_ANNOTATE,
     HEADER_DETECTOR,
@@ -22,6 +23,7 @@ from faithproxy.server.policy import (
     HEADER_MAX_RETRIES,
     HEADER_MODE,
     HEADER_ON_DETECTOR_ERROR,
+    HEADER_REASONING_FORMAT,
 )
 from faithproxy.server.settings import Settings
 
@@ -113,6 +115,11 @@ def chat_parameters(settings: Settings, served: Collection[str] | None = None) -
         ),
         _header(HEADER_ON_DETECTOR_ERROR, "pass | fail", {"type": "string", "enum": ["pass", "fail"]}),
         _header(HEADER_ANNOTATE, "true | false", {"type": "string", "enum": ["true", "false"]}),
+        _header(
+            HEADER_REASONING_FORMAT,
+            "The served model's reasoning format (docs/reasoning-models.md); the server's setting otherwise.",
+            {"type": "string", "enum": list(FORMATS)},
+        ),
     ]
     if settings.judges:
         names = [judge.name for judge in settings.judges]

@@ -22,6 +22,7 @@ from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
 from faithproxy.faithcore.context import ChainContext
 from faithproxy.faithcore.errors import DetectorError, RegenerationError
+from faithproxy.faithcore.reasoning_formats import get_format
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.correction import (
@@ -72,6 +73,14 @@ class ChainSession:
     field_names: dict[Channel, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        settings = self.settings
+        self.reasoning_format = get_format(
+            self.policy.reasoning_format or settings.reasoning_format, settings.think_open_tag, settings.think_close_tag
+        )
+        # `include_reasoning: false` asks vLLM to leave the thinking out of the response. The proxy still
+        # reads (and checks, and corrects) it, since the answer is written from it: it is dropped on the
+        # way out instead.
+        self.hide_reasoning = self.body.get("include_reasoning") is False
         limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
         rules = Rules(
             mode="detect" if self.policy.mode == "detect" else "correct",
@@ -83,6 +92,7 @@ class ChainSession:
             detector_checks=self.detector.checks,
             detector_types_steps=self.detector.types_steps,
             completion_budget=limit if isinstance(limit, int) else None,
+            reasoning_format=self.reasoning_format,
         )
         self.core = self.core_class(rules, self.ctx, steps=self.steps, stats=self.stats, field_names=self.field_names)
 
@@ -101,7 +111,13 @@ class ChainSession:
                     if not detect:  # everything read so far goes into the next batch
                         self._receive_ready(reader)
                 elif isinstance(action, StartRound):
-                    reader = RoundReader(self.generator, self._round_body(action), first_index=len(self.steps))
+                    reader = RoundReader(
+                        self.generator,
+                        self._round_body(action),
+                        first_index=len(self.steps),
+                        tags=self.reasoning_format.tags,
+                        in_answer=action.continuation is not None and action.continuation.in_answer,
+                    )
                     task = asyncio.create_task(self._read(reader, checks if detect else None))
                 elif isinstance(action, DropRound):
                     assert task is not None
@@ -122,6 +138,8 @@ class ChainSession:
                     self._count(action)
                 else:
                     self._count(action)
+                    if self.hide_reasoning and isinstance(action, EmitText) and action.channel is Channel.REASONING:
+                        continue  # counted, not sent: the client asked for no reasoning
                     yield action
                     if isinstance(action, EmitEnd):
                         return
@@ -196,12 +214,12 @@ class ChainSession:
             self.stats.verification_s += time.perf_counter() - started
 
     def _round_body(self, start: StartRound) -> dict[str, Any]:
-        body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options")}
+        body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options", "include_reasoning")}
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # usage of every round is added up
-        if start.accepted is None:
+        if start.continuation is None:
             return body
-        partial = _partial_assistant_text(start.accepted, self.settings)
+        partial = start.continuation.content
         body["messages"] = [*self.body["messages"], {"role": "assistant", "content": partial}]
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
@@ -234,21 +252,6 @@ class ChainSession:
             m.unchecked.labels(detector, model, step.unchecked_reason or "detector_error").inc()
         if step.residual:
             m.residual.labels(detector, model, step.residual_reason or "unchecked").inc()
-
-
-def _partial_assistant_text(accepted: dict[Channel, str], settings: Settings) -> str:
-    """The accepted chain as the assistant's partial message.
-
-    When vLLM's reasoning parser moved the thinking into `reasoning`, the tags were stripped: put the
-    `<think>` block back and keep it open, so the model continues thinking instead of answering.
-    """
-    reasoning, content = accepted[Channel.REASONING], accepted[Channel.CONTENT]
-    if not reasoning:
-        return content
-    text = settings.think_open_tag + reasoning
-    if content:
-        text += settings.think_close_tag + content
-    return text
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from faithproxy.clients.image_fetch import FetchPolicy
 from faithproxy.clients.judges import JudgeConfig
+from faithproxy.faithcore.reasoning_formats import FORMATS
 
 _MiB = 1024 * 1024
 
@@ -88,6 +89,12 @@ class Settings(BaseSettings):
     max_regenerations_per_request: int = 16
     # Most steps sent to the detector in one call when it lags behind decoding.
     max_batch_steps: int = 16
+    # Where the served model writes its thinking and how its chat template renders a partial assistant
+    # message (faithcore/reasoning_formats.py: think | plain | think_answer | qwen3 | think_prompt). It
+    # decides the markers that bound steps and the message a continuation sends; with --reasoning-parser
+    # vLLM splits the fields itself, without one this is what tells the proxy. X-Faithproxy-Reasoning-Format
+    # overrides it per request.
+    reasoning_format: str = "think"
     think_open_tag: str = "<think>"
     think_close_tag: str = "</think>"
 
@@ -105,6 +112,13 @@ class Settings(BaseSettings):
     # Cascade: the probe decides below `low` (faithful) and above `high` (unfaithful), the judge between.
     cascade_low: float = Field(0.1, ge=0.0, le=1.0)
     cascade_high: float = Field(0.9, ge=0.0, le=1.0)
+
+    @field_validator("reasoning_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in FORMATS:
+            raise ValueError(f"unknown reasoning format {value!r}; known: {', '.join(FORMATS)}")
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod
