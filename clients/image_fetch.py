@@ -1,8 +1,10 @@
-"""Fetching http(s) images for judges that need the bytes, under an SSRF policy.
+"""Fetching the http(s) images clients name, under an SSRF policy.
 
-A judge configured with `fetch_images: true` receives base64 image data instead of the client's URL
-(useful when the judge cannot reach the image host, or must not see the URL). The proxy then fetches
-URLs chosen by its clients, which makes it an SSRF target; every hop is therefore checked:
+By default the server fetches every http(s) image URL of a request itself and sends vLLM and the
+judge the bytes (server/image_urls.py), so that no URL chosen by a client is fetched from the vLLM
+host unchecked; with URLs passed through, a judge configured with `fetch_images: true` still gets
+the bytes this way. The proxy then fetches URLs chosen by its clients, which makes it an SSRF target;
+every hop is therefore checked:
 
 1. the scheme is in `schemes`, the URL has no user info, the host matches `allowed_hosts` (if set);
 2. the host is resolved first and EVERY address it resolves to must be public (not private, loopback,
@@ -44,7 +46,7 @@ _MiB = 1024 * 1024
 
 
 class FetchPolicy(BaseModel):
-    """What the proxy may fetch for a judge (`FAITHPROXY_IMAGE_FETCH__*`)."""
+    """What the proxy may fetch when a client names an image by URL (`FAITHPROXY_IMAGE_FETCH__*`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,7 +108,8 @@ def host_allowed(host: str, policy: FetchPolicy) -> bool:
 
 
 class ImageFetcher:
-    """Fetches images under a `FetchPolicy`; one per server, built in the lifespan.
+    """Fetches images under a `FetchPolicy`; one per server, built in the lifespan. Its HTTP client
+    is made on the first fetch, so a server whose clients send no image URLs never holds one.
 
     `transport` replaces the network (tests); `resolver` replaces DNS (tests map names to private
     addresses with it, so no packet ever leaves the machine).
@@ -121,7 +124,18 @@ class ImageFetcher:
     ) -> None:
         self.policy = policy
         self._resolve = resolver or system_resolver
-        self._client = httpx.AsyncClient(
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = self._new_client()
+        return self._http
+
+    def _new_client(self) -> httpx.AsyncClient:
+        policy = self.policy
+        return httpx.AsyncClient(
             follow_redirects=False,
             trust_env=False,
             timeout=httpx.Timeout(policy.timeout_s),
@@ -134,11 +148,12 @@ class ImageFetcher:
                 "accept-encoding": "identity",
                 "user-agent": "faithproxy-image-fetch",
             },
-            transport=transport,
+            transport=self._transport,
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     async def fetch_all(self, images: Sequence[ImageRef]) -> list[ImageRef]:
         """The images with every http(s) one replaced by its fetched bytes (concurrently); data URLs

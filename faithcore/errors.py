@@ -2,7 +2,8 @@
 
     FaithproxyError                 500 server_error
     ├── PolicyError                 400 invalid_request_error   (a bad header or body value)
-    │   ├── ImageRefused            400 invalid_request_error   (an image URL the fetch policy refuses,
+    │   ├── ImageRefused            400 invalid_request_error   (a media URL the proxy will not pass on,
+    │   │                                                         an image URL the fetch policy refuses,
     │   │                                                         or one that could not be fetched)
     │   ├── PayloadTooLarge         413 invalid_request_error   (request body or one image too large)
     │   ├── HeadersTooLarge         431 invalid_request_error
@@ -83,11 +84,12 @@ class PolicyError(FaithproxyError):
 
 
 class ImageRefused(PolicyError):
-    """An http(s) image the proxy would have to fetch for a judge, refused by the fetch policy or
-    unreachable; raised before anything is sent upstream."""
+    """A media URL the proxy will not send on or fetch (checked on every request), or an http(s) image
+    the fetch policy refuses or that could not be fetched; raised before anything is sent upstream.
+    `param` names the part where it is known (messages[0].content[1].image_url)."""
 
-    def __init__(self, message: str, *, code: str = "image_refused") -> None:
-        super().__init__(message, param="messages", code=code)
+    def __init__(self, message: str, *, code: str = "image_refused", param: str = "messages") -> None:
+        super().__init__(message, param=param, code=code)
 
 
 class PayloadTooLarge(PolicyError):

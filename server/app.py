@@ -70,7 +70,7 @@ def create_app(
             transport=upstream_transport,
         )
         fetcher = image_fetcher
-        if fetcher is None and any(cfg.fetch_images for cfg in settings.judges):
+        if fetcher is None and (settings.image_urls == "fetch" or any(cfg.fetch_images for cfg in settings.judges)):
             fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
         if settings.hint_judge is not None and settings.hint_judge not in judges:

@@ -58,7 +58,11 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(512, gt=0)
     retry_after_s: int = Field(1, ge=0)
 
-    # What the proxy may fetch for judges configured with fetch_images (clients/image_fetch.py).
+    # http(s) image URLs in requests, in every mode (server/image_urls.py): "fetch" them under
+    # `image_fetch` and send vLLM and the judge the bytes; "refuse" them (400); or "pass" them to vLLM,
+    # only for a vLLM started with --allowed-media-domains.
+    image_urls: Literal["fetch", "refuse", "pass"] = "fetch"
+    # What the proxy may fetch: client image URLs, and with "pass" those of judges with fetch_images.
     image_fetch: FetchPolicy = Field(default_factory=FetchPolicy)
 
     host: str = "127.0.0.1"

@@ -26,7 +26,8 @@ class AppState:
     metrics: Metrics
     tracer: TraceWriter
     known_models: set[str] = field(default_factory=set)
-    # Built when some judge has fetch_images: fetches http(s) images for it under the SSRF policy.
+    # Fetches http(s) images under the SSRF policy: every request's when settings.image_urls is "fetch",
+    # and, when URLs pass through, those of judges with fetch_images. None when neither needs it.
     image_fetcher: ImageFetcher | None = None
     # Set when settings.record_features: reads the features of steps checked by any detector, for traces.
     hidden_states: Any = None  # clients.hidden_states.HiddenStatesClient

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
 from faithproxy.server.errors import error_response
+from faithproxy.server.image_urls import settle_media_urls
 from faithproxy.server.limits import check_body
 from faithproxy.server.policy import policy_from_headers
 from faithproxy.server.responses import ChatServing
@@ -44,8 +45,7 @@ async def chat_completions(request: Request, state: StateDep) -> Response:
     try:
         raw = await request.body()  # PayloadTooLarge from the size limit while reading
         body = _parse_body(raw)
-        if check_body(body, state.settings):
-            raw = json.dumps(body).encode()  # the max_tokens cap was added: off mode forwards these bytes
+        changed = check_body(body, state.settings)  # True: the max_tokens cap was added
         policy = policy_from_headers(
             request.headers,
             state.settings,
@@ -53,6 +53,10 @@ async def chat_completions(request: Request, state: StateDep) -> Response:
             judges=state.judges,
             hints_available=state.hint_llm is not None,
         )
+        # Every mode: no client-chosen URL reaches vLLM unchecked (ImageRefused: nothing sent yet).
+        changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
+        if changed:
+            raw = json.dumps(body).encode()  # off mode forwards these bytes
         serving = ChatServing(state, policy, body, raw)
         return await serving.respond()
     except FaithproxyError as exc:

@@ -396,7 +396,9 @@ async def test_refusal_names_the_image(server: tuple[str, FastAPI]) -> None:
     assert info.value.message.startswith(f"image 2 ({url}/page.html): ")
 
 
-# ---- through the proxy ------------------------------------------------------------------------
+# ---- through the proxy, URLs passed on (image_urls="pass"): the judges' own fetch ------------------
+# With the default image_urls="fetch" the proxy fetches every image URL itself before anything goes
+# upstream (tests/server/test_image_urls.py); the judge's fetch_images matters when URLs pass through.
 
 
 @contextlib.asynccontextmanager
@@ -431,7 +433,7 @@ async def test_proxy_sends_fetched_bytes_to_a_judge_that_wants_them(
     server: tuple[str, FastAPI], tmp_path: Path
 ) -> None:
     image_url = f"{server[0]}/red.png"
-    async with stack(tmp_path, True, image_fetch=LOOPBACK) as (url, judge, vllm):
+    async with stack(tmp_path, True, image_fetch=LOOPBACK, image_urls="pass") as (url, judge, vllm):
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=image_body(image_url))
     assert response.status_code == 200, response.text
@@ -444,7 +446,7 @@ async def test_proxy_sends_fetched_bytes_to_a_judge_that_wants_them(
 
 async def test_proxy_refuses_before_anything_goes_upstream(server: tuple[str, FastAPI], tmp_path: Path) -> None:
     image_url = f"{server[0]}/red.png"
-    async with stack(tmp_path, True) as (url, judge, vllm):  # default policy: loopback refused
+    async with stack(tmp_path, True, image_urls="pass") as (url, judge, vllm):  # default policy: loopback refused
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=image_body(image_url))
             off = await http.post(
@@ -460,7 +462,7 @@ async def test_proxy_refuses_before_anything_goes_upstream(server: tuple[str, Fa
 
 
 async def test_judge_without_fetch_images_gets_the_url(server: tuple[str, FastAPI], tmp_path: Path) -> None:
-    async with stack(tmp_path, False) as (url, judge, _):
+    async with stack(tmp_path, False, image_urls="pass") as (url, judge, _):
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=image_body(f"{server[0]}/red.png"))
     assert response.status_code == 200
