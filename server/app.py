@@ -99,7 +99,7 @@ def create_app(
         # One Metrics per app: a registry takes each metric once, and the counters of an app whose
         # lifespan runs again (test clients restart it) simply go on.
         if not built_metrics:
-            built_metrics.append(Metrics(registry, detectors))
+            built_metrics.append(Metrics(registry, detectors, judges=list(judges)))
         metrics = built_metrics[0]
         state = AppState(
             settings=settings,

@@ -12,6 +12,15 @@ or unchecked):
                / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
   residual UPR = sum(rate(faithproxy_residual_steps_total[5m]))
                / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
+
+The judge's bill: faithproxy_judge_tokens_total{judge,kind} counts every judge call's tokens as it
+returns, kind input (fresh prompt tokens), cached_input (read from the judge's prompt cache),
+cache_creation (written to it) and output; faithproxy_judge_calls_total{judge} the calls.
+
+  judge tokens per perception step = sum(rate(faithproxy_judge_tokens_total[5m]))
+                                   / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
+  cache hit share = sum(rate(faithproxy_judge_tokens_total{kind="cached_input"}[5m]))
+                  / sum(rate(faithproxy_judge_tokens_total{kind!="output"}[5m]))
 """
 
 from __future__ import annotations
@@ -21,12 +30,14 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from faithproxy.detectors.cascade import STAGES
+from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
 
 KINDS = ("perception", "reasoning")
 VERDICTS = ("faithful", "unfaithful", "unknown")
 MODES = ("correct", "detect", "off")
-UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "request_failed")
+# budget: the request's judge budget was spent (detectors/judge.py), the step was never sent
+UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "request_failed", "budget")
 RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
 ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
 STEP_OUTCOMES = ("fixed", "failed")
@@ -36,6 +47,13 @@ UPSTREAM_ERRORS = tuple(code.value for code in UpstreamErrorCode)
 DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
 CASCADE_STAGES = STAGES
 HINT_OUTCOMES = ("applied", "unusable", "error")
+# The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
+JUDGE_TOKEN_KINDS = {
+    "input": "input_tokens",
+    "cached_input": "cached_input_tokens",
+    "cache_creation": "cache_creation_tokens",
+    "output": "output_tokens",
+}
 
 
 def detector_error_label(exc: Exception) -> str:
@@ -62,7 +80,7 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 class Metrics:
     """All metrics, bound to one registry (a fresh one per test app, the default one in production)."""
 
-    def __init__(self, registry: CollectorRegistry, detectors: Iterable[str] = ()) -> None:
+    def __init__(self, registry: CollectorRegistry, detectors: Iterable[str] = (), judges: Iterable[str] = ()) -> None:
         self.registry = registry
         self.requests = Counter(
             "faithproxy_requests_total",
@@ -172,7 +190,34 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=registry,
         )
+        self.judge_tokens = Counter(
+            "faithproxy_judge_tokens_total",
+            "Judge tokens by judge and kind (input: fresh prompt tokens; cached_input: read from the judge's "
+            "prompt cache; cache_creation: written to it; output).",
+            ["judge", "kind"],
+            registry=registry,
+        )
+        self.judge_calls = Counter(
+            "faithproxy_judge_calls_total",
+            "Judge calls made by the detectors, by judge.",
+            ["judge"],
+            registry=registry,
+        )
         self._preinit(list(detectors))
+        self.preinit_judges(judges)
+
+    def preinit_judges(self, judges: Iterable[str]) -> None:
+        """Create the judge-bill series of every configured judge, so their rates exist at zero."""
+        for judge in judges:
+            self.judge_calls.labels(judge)
+            for kind in JUDGE_TOKEN_KINDS:
+                self.judge_tokens.labels(judge, kind)
+
+    def count_judge_call(self, judge: str, call: JudgeUsage) -> None:
+        """One judge call's bill (ChainContext.judge_state.on_call)."""
+        self.judge_calls.labels(judge).inc(call.calls)
+        for kind, name in JUDGE_TOKEN_KINDS.items():
+            self.judge_tokens.labels(judge, kind).inc(getattr(call, name))
 
     def _preinit(self, detectors: list[str]) -> None:
         for name in detectors:

@@ -10,6 +10,7 @@ import difflib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from faithproxy.detectors.judge import BUDGET_OPTION
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.faithcore.reasoning_formats import FORMATS
@@ -25,6 +26,9 @@ HEADER_PROBE_THRESHOLD = "x-faithproxy-probe-threshold"
 HEADER_CASCADE_LOW = "x-faithproxy-cascade-low"
 HEADER_CASCADE_HIGH = "x-faithproxy-cascade-high"
 HEADER_HINTS = "x-faithproxy-hints"
+# Judge tokens this request may spend (settings.judge_budget_tokens; a request may lower it, not raise it).
+HEADER_JUDGE_BUDGET = "x-faithproxy-judge-budget"
+_MAX_BUDGET = 10**12
 # The served model's reasoning format, for a proxy whose upstream serves models of several formats
 # (settings.reasoning_format otherwise): which markers bound steps, how a chain is continued.
 HEADER_REASONING_FORMAT = "x-faithproxy-reasoning-format"
@@ -48,11 +52,13 @@ class RequestPolicy:
     cascade_high: float | None = None
     hints: bool = False  # collaborative hint inference before generation (server/hints.py)
     reasoning_format: str | None = None  # None: the server's settings
+    judge_budget_tokens: int | None = None  # None: no limit
 
     def detector_options(self) -> dict[str, float]:
         """The per-request detector settings that were given (ChainContext.options)."""
         options = {"probe_threshold": self.probe_threshold, "cascade_low": self.cascade_low}
         options["cascade_high"] = self.cascade_high
+        options[BUDGET_OPTION] = self.judge_budget_tokens
         return {k: v for k, v in options.items() if v is not None}
 
 
@@ -84,6 +90,30 @@ def _probability(headers: Mapping[str, str], header: str) -> float | None:
             code="invalid_header",
         )
     return value
+
+
+def _judge_budget(headers: Mapping[str, str], settings: Settings) -> int | None:
+    """The request's judge budget: the server's, or a lower one from the header."""
+    limit = settings.judge_budget_tokens
+    raw = headers.get(HEADER_JUDGE_BUDGET)
+    if raw is None:
+        return limit
+    value = raw.strip()
+    if not value.isascii() or not value.isdigit() or int(value) > _MAX_BUDGET:
+        raise PolicyError(
+            f"Invalid value for header {HEADER_JUDGE_BUDGET}: '{raw}'. Expected a whole number of judge tokens "
+            "(0 or more; 0 checks nothing with the judge).",
+            param=HEADER_JUDGE_BUDGET,
+            code="invalid_header",
+        )
+    if limit is not None and int(value) > limit:
+        raise PolicyError(
+            f"Header {HEADER_JUDGE_BUDGET} asks for {int(value)} judge tokens, more than this server allows a "
+            f"request ({limit}).",
+            param=HEADER_JUDGE_BUDGET,
+            code="invalid_header",
+        )
+    return int(value)
 
 
 def _uses_judge(detector: str) -> bool:
@@ -171,6 +201,8 @@ def policy_from_headers(
                 code="invalid_header",
             )
 
+    judge_budget = _judge_budget(headers, settings)
+
     reasoning_format = None
     if (raw := headers.get(HEADER_REASONING_FORMAT)) is not None:
         reasoning_format = _choice(HEADER_REASONING_FORMAT, raw, FORMATS)
@@ -194,4 +226,5 @@ def policy_from_headers(
         cascade_high=high,
         hints=hints,
         reasoning_format=reasoning_format,
+        judge_budget_tokens=judge_budget,
     )

@@ -81,6 +81,7 @@ class ChatServing:
             judge=self.policy.judge,
             options=self.policy.detector_options(),
         )
+        ctx.judge_state.on_call = self.state.metrics.count_judge_call  # the judge's bill, call by call
         detector.validate_request(ctx)  # ProbeMismatch (409) before anything is sent upstream
         self.session = ChainSession(
             settings=self.state.settings,
@@ -296,6 +297,7 @@ class ChatServing:
             regenerations=s.stats.regenerations,
             verification_s=s.stats.verification_s,
             rounds=s.stats.rounds,
+            judge=s.ctx.judge_state.summary(),
         )
 
     def _finish(self, status: int | None = None) -> None:
@@ -335,6 +337,7 @@ class ChatServing:
             "reasoning": self.answer.get("reasoning") or self.answer.get("reasoning_content") if s else None,
             "summary": self._summary() if s else None,
             "usage": s.ctx.usage.as_dict() if s else None,
+            "judge_usage": s.ctx.judge_state.summary() if s else None,
             "timings": {
                 "duration_s": round(duration, 6),
                 "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,

@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     max_retries: int = Field(3, ge=0, le=10)  # K of the paper
     on_detector_error: OnDetectorError = "pass"
     annotate: bool = True
+    # Judge tokens one request may spend (fresh prompt tokens + cache writes + output; cache reads are
+    # free here): past it, perception steps pass unchecked with reason `budget` and the request goes on.
+    # None: no limit. X-Faithproxy-Judge-Budget may lower it per request, never raise it.
+    judge_budget_tokens: int | None = Field(None, ge=0)
 
     judges: list[JudgeConfig] = Field(default_factory=list)
     # Collaborative hint inference (server/hints.py): the judge that writes the hints (any configured
@@ -103,6 +107,10 @@ class Settings(BaseSettings):
     think_close_tag: str = "</think>"
 
     trace_path: str | None = None
+    # Per-step reports of finished verified requests, for GET /v1/faithfulness/{request_id} (server/
+    # reports.py): kept in memory, the newest `reports_max_count` (0: none), none older than the age.
+    reports_max_count: int = Field(10_000, ge=0)
+    reports_max_age_s: float = Field(3600.0, gt=0)
 
     # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
     # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe

@@ -1,4 +1,11 @@
-"""The `faithfulness` summary sent to the client and the trace record written for each request."""
+"""The `faithfulness` summary sent to the client and the trace record written for each request.
+
+The summary's `judge` block is the request's judge bill (faithcore.context.JudgeState.summary): calls,
+input_tokens (fresh prompt tokens), cached_input_tokens (read from the judge's prompt cache),
+cache_creation_tokens (written to it), output_tokens, descriptions (image descriptions the judge wrote;
+at most one per request) and budget_steps (perception steps passed unchecked because the request's
+judge budget was spent). All zero for a detector that calls no judge.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +45,16 @@ def upr_counts(steps: list[Step]) -> dict[str, Any]:
 
 
 def summarize(
-    steps: list[Step], *, mode: str, detector: str, regenerations: int, verification_s: float, rounds: int
+    steps: list[Step],
+    *,
+    mode: str,
+    detector: str,
+    regenerations: int,
+    verification_s: float,
+    rounds: int,
+    judge: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """`judge`: the request's judge bill (JudgeState.summary()); omitted when not given."""
     return {
         "mode": mode,
         "detector": detector,
@@ -49,6 +64,7 @@ def summarize(
         "fixed": sum(1 for s in steps if s.original_text is not None),
         "rounds": rounds,
         "verification_s": round(verification_s, 6),
+        **({"judge": judge} if judge is not None else {}),
     }
 
 

@@ -3,7 +3,10 @@
 Schema version 1 (fields): version, id, time (unix seconds, start), model, mode, detector, judge,
 prompt (the last user message's text), images (sha256 list, never the bytes), steps (index, channel,
 kind, text, original_text, verdict, attempts, rejected candidates, residual, unchecked_reason,
-detector latency), answer, finish_reason, usage, timings (duration_s, ttft_s, verification_s), error.
+detector latency), answer, finish_reason, usage, timings (duration_s, ttft_s, verification_s), error,
+summary (the `faithfulness` summary, whose `judge` block is the request's judge bill: calls, input,
+cached input, cache-creation and output tokens, descriptions, budget_steps), and judge_usage (the same
+bill beside `usage`, so generator and judge tokens read side by side).
 """
 
 from __future__ import annotations

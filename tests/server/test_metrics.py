@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from faithproxy.detectors import cascade
+from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import (
     DetectorError,
     DetectorErrorCode,
@@ -19,6 +20,7 @@ from faithproxy.server.errors import error_body, error_frame
 from faithproxy.server.metrics import (
     CASCADE_STAGES,
     DETECTOR_ERRORS,
+    JUDGE_TOKEN_KINDS,
     UPSTREAM_ERRORS,
     Metrics,
     detector_error_label,
@@ -87,3 +89,28 @@ def test_error_bodies_carry_the_plain_code_strings() -> None:
     assert wire == {"error": {"message": "judge down", "type": "detector_error", "param": None, "code": "timeout"}}
     assert b'"code": "stalled"' in error_frame(UpstreamError("idle", code=UpstreamErrorCode.STALLED))
     assert error_body(DetectorError("no code"))["error"]["code"] is None  # as before: null, not "other"
+
+
+def test_judge_bill_series_are_preinitialised_per_judge_and_count_each_call() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, ["judge"], judges=["claude", "qwen"])
+    for judge in ("claude", "qwen"):
+        assert registry.get_sample_value("faithproxy_judge_calls_total", {"judge": judge}) == 0.0
+        for kind in ("input", "cached_input", "cache_creation", "output"):
+            assert registry.get_sample_value("faithproxy_judge_tokens_total", {"judge": judge, "kind": kind}) == 0.0
+    call = JudgeUsage(calls=1, input_tokens=40, cached_input_tokens=1200, cache_creation_tokens=30, output_tokens=9)
+    metrics.count_judge_call("claude", call)
+    metrics.count_judge_call("claude", call)
+    assert registry.get_sample_value("faithproxy_judge_calls_total", {"judge": "claude"}) == 2.0
+    expected = {"input": 80.0, "cached_input": 2400.0, "cache_creation": 60.0, "output": 18.0}
+    for kind, value in expected.items():
+        assert registry.get_sample_value("faithproxy_judge_tokens_total", {"judge": "claude", "kind": kind}) == value
+    assert set(JUDGE_TOKEN_KINDS.values()) == {"input_tokens", "cached_input_tokens", "cache_creation_tokens",
+                                               "output_tokens"}  # fmt: skip
+
+
+def test_budget_is_an_unchecked_reason_label() -> None:
+    registry = CollectorRegistry()
+    Metrics(registry, ["judge"]).preinit_model("m", ["judge"])
+    labels = {"detector": "judge", "model": "m", "reason": "budget"}
+    assert registry.get_sample_value("faithproxy_unchecked_steps_total", labels) == 0.0

@@ -121,3 +121,26 @@ def test_any_detector_that_uses_a_judge_is_refused_without_judges(detector: str)
         {"x-faithproxy-mode": "off"}, Settings(default_detector=detector), detectors=["none"], judges=[]
     )
     assert off.mode == "off"  # off mode runs no detector: nothing to refuse
+
+
+def test_judge_budget_from_settings_and_header() -> None:
+    assert policy({}).judge_budget_tokens is None
+    assert "judge_budget_tokens" not in policy({}).detector_options()
+    assert policy({}, judge_budget_tokens=5000).judge_budget_tokens == 5000
+    lowered = policy({"x-faithproxy-judge-budget": " 1200 "}, judge_budget_tokens=5000)
+    assert lowered.judge_budget_tokens == 1200 and lowered.detector_options()["judge_budget_tokens"] == 1200
+    assert policy({"x-faithproxy-judge-budget": "0"}).judge_budget_tokens == 0  # no judge call at all
+    assert policy({"x-faithproxy-judge-budget": "999999"}).judge_budget_tokens == 999999  # the server sets none
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "", "lots", "1e3", "١٢", "10000000000000"])
+def test_bad_judge_budgets_are_400s_naming_the_header(value: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        policy({"x-faithproxy-judge-budget": value})
+    assert info.value.status_code == 400 and info.value.param == "x-faithproxy-judge-budget"
+
+
+def test_a_request_cannot_raise_the_server_judge_budget() -> None:
+    with pytest.raises(PolicyError, match="more than this server allows") as info:
+        policy({"x-faithproxy-judge-budget": "5001"}, judge_budget_tokens=5000)
+    assert info.value.param == "x-faithproxy-judge-budget"
