@@ -1,54 +1,98 @@
-"""The generator client: vLLM's OpenAI-compatible API over one pooled httpx.AsyncClient.
+"""The generator client: vLLM's OpenAI-compatible API.
+
+Chat completions (streamed, and the pass-through of `off` mode) go over the lean HTTP/1.1 client of
+clients/upstream_http.py, the proxy's hot path; the rest (model list, health, the non-streamed calls
+of regenerations and self-checks) over one pooled httpx.AsyncClient. A test that injects an httpx
+transport (`transport=`) gets every call over httpx, through the same response interface
+(`UpstreamBody`: status, lower-case headers, `iter_raw`, `read`, `aclose`).
 
 Streams have no whole-request timeout (a long reasoning chain may stream for many minutes); their read
 timeout is an idle limit, the longest silence between two reads (`stream_idle_timeout_s`; None: none),
 so a stalled vLLM is noticed while a healthy long stream never is. A stall is an UpstreamError with
-code "stalled". Connect and write timeouts are explicit. Closing a stream closes the HTTP connection,
-which makes vLLM abort the generation.
+code "stalled". Closing a stream before its end closes the HTTP connection, which makes vLLM abort the
+generation.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from faithproxy.clients.sse import SSEDecoder
+from faithproxy.clients.upstream_http import UpstreamPool
 from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode, UpstreamStatusError
 
+CHAT_PATH = "/v1/chat/completions"
 
-@dataclass
-class UpstreamStream:
-    """An open upstream stream: the raw response (for byte pass-through) and a JSON chunk iterator."""
 
-    response: httpx.Response
+class UpstreamBody(Protocol):
+    """An upstream response whose status and headers have arrived; the body is read as it comes."""
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """Parsed `data:` payloads until `[DONE]`. Malformed JSON, or a chunk whose choices, deltas or
-        usage have the wrong types, is an UpstreamError."""
-        decoder = SSEDecoder()
+    status: int
+    headers: dict[str, str]  # names in lower case
+
+    def iter_raw(self) -> AsyncIterator[bytes]: ...  # raises UpstreamError (stalled, stream_broken)
+
+    async def read(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxBody:
+    """UpstreamBody over an httpx response (the client built with an injected transport)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status = response.status_code
+        self.headers = {k.lower(): v for k, v in response.headers.items()}
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
         try:
-            async for text in self.response.aiter_text():
-                for data in decoder.feed(text):
-                    if data.strip() == "[DONE]":
-                        return
-                    yield _parse_chunk(data)
-            for data in decoder.flush():
-                if data.strip() == "[DONE]":
-                    return
-                yield _parse_chunk(data)
+            # aiter_bytes, not aiter_raw: a MockTransport response may come already read
+            async for data in self._response.aiter_bytes():
+                yield data
         except httpx.ReadTimeout as exc:
             raise UpstreamError(
-                "upstream stream stalled (no data within the idle timeout)", code=UpstreamErrorCode.STALLED
+                "upstream stalled (no data within the idle timeout)", code=UpstreamErrorCode.STALLED
             ) from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(
                 f"upstream stream broke: {type(exc).__name__}", code=UpstreamErrorCode.STREAM_BROKEN
             ) from exc
+
+    async def read(self) -> bytes:
+        return b"".join([data async for data in self.iter_raw()])
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+@dataclass
+class UpstreamStream:
+    """An open upstream stream: its parsed JSON chunks."""
+
+    response: UpstreamBody
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """Parsed `data:` payloads until `[DONE]`. Malformed JSON, or a chunk whose choices, deltas or
+        usage have the wrong types, is an UpstreamError."""
+        decoder = SSEDecoder()
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        async for data in self.response.iter_raw():
+            for event in decoder.feed(text.decode(data)):
+                if event.strip() == "[DONE]":
+                    return
+                yield _parse_chunk(event)
+        for event in decoder.feed(text.decode(b"", final=True)) + decoder.flush():
+            if event.strip() == "[DONE]":
+                return
+            yield _parse_chunk(event)
         # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
         raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
 
@@ -106,6 +150,8 @@ class VLLMClient:
         self._stream_timeout = httpx.Timeout(
             None, connect=connect_timeout_s, read=stream_idle_timeout_s, write=request_timeout_s, pool=None
         )
+        self._request_timeout_s = request_timeout_s
+        self._stream_idle_timeout_s = stream_idle_timeout_s
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -117,43 +163,46 @@ class VLLMClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
+        # The chat completions' client; none when a test injects a transport (then httpx serves all).
+        self._pool = None
+        if transport is None:
+            self._pool = UpstreamPool(
+                base_url, api_key=api_key, connect_timeout_s=connect_timeout_s, max_connections=max_connections
+            )
 
     @property
     def base_url(self) -> str:
         return str(self._client.base_url)
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
         await self._client.aclose()
+
+    async def open_chat(self, content: bytes, *, stream: bool) -> UpstreamBody:
+        """POST /v1/chat/completions with these body bytes; returns once the status and headers arrived,
+        whatever the status. The caller reads the body and must `aclose()` it. A stream waits at most
+        the idle timeout for each read (the headers included), a non-stream the request timeout."""
+        read_timeout = self._stream_idle_timeout_s if stream else self._request_timeout_s
+        if self._pool is not None:
+            return await self._pool.request("POST", CHAT_PATH, content=content, read_timeout_s=read_timeout)
+        request = self._client.build_request(
+            "POST",
+            CHAT_PATH,
+            content=content,
+            headers={"content-type": "application/json"},
+            timeout=self._stream_timeout if stream else self._timeout,
+        )
+        return _HttpxBody(await self._send_stream(request))
 
     @asynccontextmanager
     async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[UpstreamStream]:
         """POST /v1/chat/completions with stream=true; raises UpstreamStatusError on an HTTP error."""
-        request = self._client.build_request(
-            "POST", "/v1/chat/completions", json=body, timeout=self._stream_timeout
-        )
-        response = await self._send_stream(request)
+        response = await self.open_chat(json.dumps(body).encode(), stream=True)
         try:
-            if response.status_code >= 400:
-                await response.aread()
-                raise _status_error(response)
+            if response.status >= 400:
+                raise _status_error(response.status, await response.read())
             yield UpstreamStream(response)
-        finally:
-            await response.aclose()
-
-    @asynccontextmanager
-    async def stream_raw(self, content: bytes) -> AsyncIterator[httpx.Response]:
-        """POST the client's body bytes as they are and hand back the open response, any status
-        (pass-through mode: the client gets vLLM's bytes)."""
-        request = self._client.build_request(
-            "POST",
-            "/v1/chat/completions",
-            content=content,
-            headers={"content-type": "application/json"},
-            timeout=self._stream_timeout,
-        )
-        response = await self._send_stream(request)
-        try:
-            yield response
         finally:
             await response.aclose()
 
@@ -167,7 +216,7 @@ class VLLMClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Non-streamed chat completion as parsed JSON."""
-        response = await self._send("POST", "/v1/chat/completions", json=body)
+        response = await self._send("POST", CHAT_PATH, json=body)
         try:
             data = response.json()
         except ValueError as exc:
@@ -177,7 +226,7 @@ class VLLMClient:
         return data
 
     async def raw(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """A plain request whose response (any status) is handed back untouched (pass-through mode)."""
+        """A plain request whose response (any status) is handed back untouched."""
         try:
             return await self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -197,21 +246,21 @@ class VLLMClient:
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self.raw(method, path, **kwargs)
         if response.status_code >= 400:
-            raise _status_error(response)
+            raise _status_error(response.status_code, response.content)
         return response
 
 
-def _status_error(response: httpx.Response) -> UpstreamStatusError:
+def _status_error(status: int, content: bytes) -> UpstreamStatusError:
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
         body = None
     message = None
     if isinstance(body, dict):
         err = body.get("error", body)
         message = err.get("message") if isinstance(err, dict) else None
-    message = message or response.text[:500] or f"HTTP {response.status_code}"
-    return UpstreamStatusError(f"upstream: {message}", status_code=response.status_code, body=body)
+    message = message or content.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+    return UpstreamStatusError(f"upstream: {message}", status_code=status, body=body)
 
 
 def assistant_text_of(completion: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
+from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.routers import chat, ops
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
@@ -42,7 +43,8 @@ def create_app(
     `upstream_transport` replaces the network under the vLLM client: fault-injection tests only.
     `image_fetcher` replaces the one built from `settings.image_fetch` (tests inject a resolver).
 
-    Middleware, outermost first: request size (431/413), API keys (401), concurrency (429).
+    Middleware, outermost first: request size (431/413), API keys (401), concurrency (429), then off
+    mode's pure-ASGI pass-through (server/passthrough.py) in front of the router.
     """
     settings = settings or get_settings()
     # Counters and histograms export no `<name>_created` series (prometheus_client adds one beside each
@@ -140,6 +142,7 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(ops.router)
     install_openapi(app, settings)
+    app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     app.add_middleware(
         ConcurrencyLimitMiddleware, limit=settings.max_concurrent_requests, retry_after_s=settings.retry_after_s
     )

@@ -14,11 +14,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError, UpstreamErrorCode
+from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.errors import error_body, error_frame, error_response
 from faithproxy.server.hints import apply_hints, collect_hints
@@ -30,8 +29,6 @@ from faithproxy.server.state import AppState
 from faithproxy.server.summary import step_annotation, summarize, trace_steps
 
 log = logging.getLogger("faithproxy")
-
-_PASSTHROUGH_HEADERS = ("content-type",)
 
 
 class ChatServing:
@@ -224,66 +221,19 @@ class ChatServing:
     # ---- off mode: the same bytes vLLM sent ---------------------------------------------------
 
     async def _passthrough(self) -> Response:
-        client = self.state.generator
-        headers = {"content-type": "application/json"}
-        try:
-            if not self.stream:
-                upstream = await client.raw("POST", "/v1/chat/completions", content=self.raw, headers=headers)
-                self._finish(status=upstream.status_code)
-                return Response(
-                    upstream.content, status_code=upstream.status_code, headers=self._copy_headers(upstream.headers)
-                )
-            cm = client.stream_raw(self.raw)
-            upstream = await cm.__aenter__()
-        except UpstreamError as exc:
-            self.error = exc
-            self._finish()
-            return error_response(exc, headers=self.headers)
+        """Off-mode requests mostly never reach the router (server/passthrough.py serves them as pure
+        ASGI); those that do (an http(s) image URL) are answered by the same code."""
+        from faithproxy.server.passthrough import Passthrough
 
-        # vLLM ends every event stream with [DONE]: one that ends without it was cut off, and the client
-        # must hear so (an error frame, then [DONE]) rather than take a clean end for a complete answer.
-        watch_end = (
-            upstream.status_code == 200
-            and upstream.headers.get("content-type", "").startswith("text/event-stream")
-            and upstream.headers.get("content-encoding", "identity") == "identity"
+        return Passthrough(
+            self.state,
+            self.policy,
+            self.body,
+            self.raw,
+            request_id=self.request_id,
+            started=self.started,
+            started_wall=self.started_wall,
         )
-
-        async def body() -> AsyncIterator[bytes]:
-            tail = b""
-            try:
-                async for data in upstream.aiter_raw():
-                    if self.ttft is None:
-                        self.ttft = time.perf_counter() - self.started
-                        self.state.metrics.ttft.labels("off").observe(self.ttft)
-                    tail = (tail + data)[-32:]
-                    yield data
-                if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
-                    self.error = UpstreamError(
-                        "upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED
-                    )
-                    yield (b"" if tail.endswith(b"\n\n") else b"\n\n") + error_frame(self.error)
-                    yield DONE
-            except Exception as exc:  # noqa: BLE001 - upstream died mid-stream: end well-formed
-                if isinstance(exc, httpx.ReadTimeout):
-                    self.error = UpstreamError("upstream stream stalled (idle timeout)", code=UpstreamErrorCode.STALLED)
-                else:
-                    self.error = UpstreamError(
-                        f"upstream stream broke: {type(exc).__name__}", code=UpstreamErrorCode.STREAM_BROKEN
-                    )
-                yield error_frame(self.error)
-                yield DONE
-            finally:
-                await cm.__aexit__(None, None, None)
-                self._finish(status=upstream.status_code)
-
-        return StreamingResponse(body(), status_code=upstream.status_code, headers=self._copy_headers(upstream.headers))
-
-    def _copy_headers(self, upstream_headers: Any) -> dict[str, str]:
-        out = dict(self.headers)
-        for name in _PASSTHROUGH_HEADERS:
-            if name in upstream_headers:
-                out[name] = upstream_headers[name]
-        return out
 
     # ---- accounting ---------------------------------------------------------------------------
 

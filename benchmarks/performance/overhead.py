@@ -18,7 +18,9 @@ a shared machine hits every target alike):
    open at the same time; then `--stream-chunks` chunks `--stream-delay-ms` apart: errors, how many
    were open at once, TTFT, completion.
 
-Without `.venv-litellm` the script says so and races direct vs faithproxy only. A figure is printed
+Without `.venv-litellm` the script says so and races direct vs faithproxy only. `--baseline SITE` adds
+a second faithproxy, another version of the code installed in SITE, as `faithproxy-before`: a change's
+before and after measured side by side in one interleaved run. A figure is printed
 as a table; `--json PATH` also writes every figure.
 """
 
@@ -53,6 +55,8 @@ from faithproxy.tinyvlm.processes import supervised
 
 GOAL_ADDED_P50_MS = 1.0
 GOAL_LITELLM_FRACTION = 1 / 3
+GOAL_RPS_FRACTION = 0.8  # of direct's streamed req/s at the throughput phase's concurrency
+GOAL_RSS_MIB = 100.0  # peak RSS of the proxy in the throughput phase
 HOLD_WAIT_S = 60.0  # longest wait for all held streams to open
 
 
@@ -153,13 +157,17 @@ async def throughput_phase(
     rates: dict[str, list[float]] = {t.name: [] for t in all_targets}
     cpu: dict[str, list[float]] = {t.name: [] for t in all_targets}
     results: dict[str, list[Result]] = {t.name: [] for t in all_targets}
+    peak_rss: dict[str, int] = {}
     for w in range(windows):
         for target in _rotated(all_targets, w):
             pid = target.proc.pid if target.proc is not None else None
             cpu_before = cpu_seconds(pid) if pid and target.name != "direct" else None
             started = time.perf_counter()
+            watch = _PeakRSS(pid) if pid and target.name != "direct" else None
             window = await _run_fixed(clients[target.name], body, chunks, n, concurrency)
             elapsed = time.perf_counter() - started
+            if watch is not None:
+                peak_rss[target.name] = max(peak_rss.get(target.name, 0), await watch.stop())
             if cpu_before is not None and pid:
                 cpu[target.name].append((cpu_seconds(pid) - cpu_before) / n)
             rates[target.name].append(sum(r.ok for r in window) / elapsed)
@@ -180,7 +188,32 @@ async def throughput_phase(
             out[name]["error_examples"] = errors[:5]
         if cpu[name]:
             out[name]["proxy_cpu_ms_per_request"] = round(statistics.median(cpu[name]) * 1000, 3)
+        if name in peak_rss:
+            out[name]["peak_rss_mib"] = round(peak_rss[name] / 2**20, 1)
+    direct = out.get("direct", {}).get("rps_median")
+    for name, figures in out.items():
+        if name != "direct" and direct:
+            figures["rps_fraction_of_direct"] = round(figures["rps_median"] / direct, 3)
     return out
+
+
+class _PeakRSS:
+    """Samples a process's RSS every 50 ms from creation until `stop()`, which returns the peak."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = rss_bytes(pid)
+        self._task = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    async def stop(self) -> int:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return max(self.peak, rss_bytes(self.pid))
 
 
 class _OpenStreams:
@@ -366,7 +399,7 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     lat = report["latency"]
     fp = lat["faithproxy"]["added"]
     out: dict[str, Any] = {}
-    for key in ("stream_ttft_p50_ms", "non_stream_total_p50_ms"):
+    for key in ("stream_ttft_p50_ms", "stream_total_p50_ms", "non_stream_total_p50_ms"):
         mine = fp.get(key)
         out[f"{key}_under_1ms"] = None if mine is None else mine < GOAL_ADDED_P50_MS
         if "litellm" in lat:
@@ -374,6 +407,11 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
             measurable = mine is not None and theirs is not None and theirs > 0
             out[f"{key}_ratio_to_litellm"] = round(mine / theirs, 3) if measurable else None
             out[f"{key}_at_most_third_of_litellm"] = mine <= theirs * GOAL_LITELLM_FRACTION if measurable else None
+    thr = report["throughput"]["faithproxy"]
+    fraction = thr.get("rps_fraction_of_direct")
+    out["rps_at_least_80pct_of_direct"] = None if fraction is None else fraction >= GOAL_RPS_FRACTION
+    peak = thr.get("peak_rss_mib")
+    out["peak_rss_at_most_100mib"] = None if peak is None else peak <= GOAL_RSS_MIB
     if "load" in report:
         load = report["load"]["faithproxy"]
         out["load_zero_errors"] = load["errors"] == 0
@@ -416,7 +454,9 @@ def render(report: dict[str, Any]) -> str:
     thr = report["throughput"]
     conc = next(iter(thr.values()))["concurrency"]
     rows.append((f"streamed req/s at c={conc} (median)", *(_fmt(thr[n]["rps_median"]) for n in names)))
+    rows.append(("  fraction of direct's", *(_fmt(thr[n].get("rps_fraction_of_direct")) for n in names)))
     rows.append(("  proxy CPU per request (ms)", *(_fmt(thr[n].get("proxy_cpu_ms_per_request")) for n in names)))
+    rows.append(("  proxy peak RSS (MiB)", *(_fmt(thr[n].get("peak_rss_mib")) for n in names)))
     rows.append(("  errors", *(str(thr[n]["errors"]) for n in names)))
     if "memory" in report:
         mem = report["memory"]
@@ -466,6 +506,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         started.append(
             targets.start_ready(lambda: targets.start_faithproxy(workdir, upstream.base_url, limit), "/healthz", 60)
         )
+        if args.baseline:
+            site = Path(args.baseline).resolve()
+            started.append(
+                targets.start_ready(
+                    lambda: targets.start_faithproxy(
+                        workdir, upstream.base_url, limit, name="faithproxy-before", site=site
+                    ),
+                    "/healthz",
+                    60,
+                )
+            )
         if use_litellm:
             print("waiting for LiteLLM to start ...", file=sys.stderr, flush=True)
             started.append(
@@ -513,6 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--open-timeout-s", type=float, default=20.0, help="longest wait for all load streams to open")
     parser.add_argument("--load-litellm", action="store_true", help="send the load phase through LiteLLM too")
     parser.add_argument("--no-litellm", action="store_true", help="race direct vs faithproxy only")
+    parser.add_argument(
+        "--baseline",
+        metavar="SITE",
+        help="also race the faithproxy installed in SITE as 'faithproxy-before' (pip install --no-deps --target "
+        "SITE <checkout of the code before>): before and after in one interleaved run",
+    )
     parser.add_argument("--workdir", help="logs and the LiteLLM config (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")
     return parser

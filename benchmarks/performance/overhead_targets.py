@@ -68,19 +68,28 @@ def start_upstream(workdir: Path, chunks: int) -> Target:
     return Target("direct", f"http://127.0.0.1:{port}", _spawn("upstream", argv, _base_env(), log))
 
 
-def start_faithproxy(workdir: Path, upstream: str, max_concurrent: int) -> Target:
+def start_faithproxy(
+    workdir: Path, upstream: str, max_concurrent: int, *, name: str = "faithproxy", site: Path | None = None
+) -> Target:
+    """`faithproxy serve` in off mode. `site`: run another copy of faithproxy, installed there (e.g. the
+    code before a change: `pip install --no-deps --target SITE CHECKOUT`), raced as its own target."""
     port = free_port()
-    log = workdir / "faithproxy.log"
+    log = workdir / f"{name}.log"
     env = _base_env() | {
         "FAITHPROXY_DEFAULT_MODE": "off",
         "FAITHPROXY_DEFAULT_DETECTOR": "none",
         "FAITHPROXY_MAX_CONCURRENT_REQUESTS": str(max_concurrent),
     }
+    cwd = ROOT
     exe = Path(sys.executable).with_name("faithproxy")
     head = [str(exe)] if exe.exists() else [sys.executable, "-m", "faithproxy.cli"]
+    if site is not None:
+        # The copy comes first on the path; run from the workdir, so the repo's folders are not on it.
+        env["PYTHONPATH"] = str(site)
+        head, cwd = [sys.executable, "-m", "faithproxy.cli"], workdir
     argv = head + ["serve", "--upstream", upstream, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--log-level", "warning"]
-    return Target("faithproxy", f"http://127.0.0.1:{port}", _spawn("faithproxy", argv, env, log))
+    return Target(name, f"http://127.0.0.1:{port}", spawn(argv, log, name=name, env=env, cwd=cwd))
 
 
 def litellm_available() -> bool:

@@ -6,7 +6,6 @@ Thin on purpose: the loop lives in server/session.py, the response shapes in ser
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -15,29 +14,15 @@ from faithproxy.faithcore.errors import FaithproxyError, PolicyError
 from faithproxy.server.errors import error_response
 from faithproxy.server.image_urls import settle_media_urls
 from faithproxy.server.limits import check_body
+from faithproxy.server.passthrough import parse_body
 from faithproxy.server.policy import policy_from_headers
-from faithproxy.server.responses import ChatServing
 from faithproxy.server.schema import CHAT_OPENAPI_EXTRA, CHAT_RESPONSES
 from faithproxy.server.state import StateDep
 
 router = APIRouter()
 
 
-def _parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise PolicyError("Request body must be a JSON object", code="invalid_json")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise PolicyError("'model' must be a non-empty string", param="model")
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise PolicyError("'stream' must be a boolean", param="stream")  # null means false, as for OpenAI
-    return body
+_parse_body = parse_body  # the same checks as off mode's pure-ASGI path
 
 
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=CHAT_OPENAPI_EXTRA, responses=CHAT_RESPONSES)
@@ -57,6 +42,8 @@ async def chat_completions(request: Request, state: StateDep) -> Response:
         changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
         if changed:
             raw = json.dumps(body).encode()  # off mode forwards these bytes
+        from faithproxy.server.responses import ChatServing  # loaded on first use: off mode never needs it
+
         serving = ChatServing(state, policy, body, raw)
         return await serving.respond()
     except FaithproxyError as exc:

@@ -1,0 +1,332 @@
+"""`off` mode as pure ASGI: the client's body bytes to vLLM, vLLM's bytes back, nothing decoded.
+
+`OffModeMiddleware` sits inside the limit middleware (size, API keys, concurrency) and in front of
+FastAPI's router. A POST to /v1/chat/completions whose mode is `off` (its X-Faithproxy-Mode header, or
+the server's default when it has none) is served here: the body is checked and settled as the router
+does it (JSON object, messages, model, stream; the image and max_tokens limits; every X-Faithproxy-*
+header; media URLs under the image-URL policy of server/image_urls.py), then `Passthrough` forwards it.
+Everything else goes on to the router untouched (the router's own off branch, for a header value the
+middleware does not read as `off`, answers with the same `Passthrough`). What this skips is FastAPI's routing and
+dependency injection, starlette's response classes, an anyio task group per stream and httpx: most of
+the CPU a pass-through request cost (docs/benchmarks.md, issue 22).
+
+A response is what vLLM sent, byte for byte, status and content type included, plus the
+X-Faithproxy-Request-Id and X-Faithproxy-Mode headers. A stream that breaks, stalls or ends without
+`data: [DONE]` gets a final error frame and `data: [DONE]`; an upstream that cannot be reached is an
+HTTP error. Each request is counted and traced once, like any other (the record's fields are those of
+server/responses.py with no session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamError, UpstreamErrorCode
+from faithproxy.server.errors import error_body, error_frame
+from faithproxy.server.image_urls import settle_media_urls
+from faithproxy.server.limits import CHAT_PATH, check_body
+from faithproxy.server.metrics import upstream_error_label
+from faithproxy.server.policy import HEADER_MODE, RequestPolicy, policy_from_headers
+
+log = logging.getLogger("faithproxy")
+
+_DONE = b"data: [DONE]\n\n"
+_MODE_HEADER = HEADER_MODE.encode()
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def request_id() -> str:
+    """24 hex digits, like the ids of the full path."""
+    return os.urandom(12).hex()
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as the chat router accepts it, else a PolicyError (400)."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise PolicyError("Request body must be a JSON object", code="invalid_json")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise PolicyError("'model' must be a non-empty string", param="model")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise PolicyError("'stream' must be a boolean", param="stream")  # null means false, as for OpenAI
+    return body
+
+
+class Passthrough(Response):
+    """One off-mode request: an ASGI application that forwards `raw` and sends back what vLLM sends.
+
+    A starlette Response only so that a FastAPI endpoint may return it (the router's off branch does);
+    none of Response's own machinery is used.
+    """
+
+    def __init__(  # Response.__init__ is not called: it builds a body this class never has
+        self,
+        state: Any,  # server.state.AppState (not imported: this module stays light)
+        policy: RequestPolicy,
+        body: dict[str, Any],
+        raw: bytes,
+        *,
+        request_id: str,
+        started: float,
+        started_wall: float,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.body = body
+        self.raw = raw
+        self.stream = bool(body.get("stream"))
+        self.request_id = request_id
+        self.started = started
+        self.started_wall = started_wall
+        self.ttft: float | None = None
+        self.error: FaithproxyError | None = None
+        self.disconnected = False
+        self.status = 200
+        self._finished = False
+        self.background = None
+
+    def _headers(self, upstream_headers: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
+        out = [(b"x-faithproxy-request-id", self.request_id.encode()), (b"x-faithproxy-mode", b"off")]
+        content_type = upstream_headers.get("content-type") if upstream_headers is not None else None
+        if content_type is not None:
+            out.append((b"content-type", content_type.encode("latin-1")))
+        return out
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            upstream = await self.state.generator.open_chat(self.raw, stream=self.stream)
+        except UpstreamError as exc:
+            self.error = exc
+            self._finish()
+            await self._send_error(send, exc)
+            return
+        except asyncio.CancelledError:
+            self.disconnected = True
+            self._finish()
+            raise
+        except Exception as exc:
+            self.error = FaithproxyError(f"internal error: {type(exc).__name__}")
+            self._finish()
+            raise
+        self.status = upstream.status
+        try:
+            if self.stream:
+                await self._stream(upstream, receive, send)
+            else:
+                await self._whole(upstream, send)
+        finally:
+            await upstream.aclose()
+            self._finish()
+
+    async def _send_error(self, send: Send, exc: FaithproxyError) -> None:
+        content = json.dumps(error_body(exc)).encode()
+        headers = self._headers({"content-type": "application/json"})
+        headers.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": content, "more_body": False})
+
+    async def _whole(self, upstream: Any, send: Send) -> None:
+        try:
+            content = await upstream.read()
+        except UpstreamError as exc:
+            self.error = exc
+            await self._send_error(send, exc)
+            return
+        headers = self._headers(upstream.headers)
+        headers.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        await send({"type": "http.response.body", "body": content, "more_body": False})
+
+    async def _stream(self, upstream: Any, receive: Receive, send: Send) -> None:
+        # vLLM ends every event stream with [DONE]: one that ends without it was cut off, and the client
+        # must hear so (an error frame, then [DONE]) rather than take a clean end for a complete answer.
+        headers = upstream.headers
+        watch_end = (
+            upstream.status == 200
+            and headers.get("content-type", "").startswith("text/event-stream")
+            and headers.get("content-encoding", "identity") == "identity"
+        )
+        await send({"type": "http.response.start", "status": upstream.status, "headers": self._headers(headers)})
+        # The client going away shows only on `receive` (uvicorn drops sends to a closed connection):
+        # one task waits for it and cancels this one, which closes the upstream (vLLM aborts).
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(receive())
+        watcher.add_done_callback(lambda w: self._on_client_message(w, task))
+        tail = b""
+        try:
+            async for data in upstream.iter_raw():
+                if self.ttft is None:
+                    self.ttft = time.perf_counter() - self.started
+                    self.state.metrics.ttft.labels("off").observe(self.ttft)
+                tail = data[-32:] if len(data) >= 32 else (tail + data)[-32:]
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
+                self.error = UpstreamError(
+                    "upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED
+                )
+                await self._send_frames(send, (b"" if tail.endswith(b"\n\n") else b"\n\n") + error_frame(self.error))
+        except UpstreamError as exc:  # broke or stalled mid-stream: end well-formed
+            self.error = exc
+            await self._send_frames(send, error_frame(exc))
+        except asyncio.CancelledError:
+            if not self.disconnected or task.uncancel() > 0:
+                raise  # not (only) the client going away: let it through
+            self.state.metrics.client_disconnects.inc()
+            return
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+        await send(_END)
+
+    def _on_client_message(self, watcher: asyncio.Future[Message], task: asyncio.Task[Any]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        if watcher.result().get("type") == "http.disconnect" and not self._finished:
+            self.disconnected = True
+            task.cancel()
+
+    async def _send_frames(self, send: Send, data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data + _DONE, "more_body": True})
+
+    # ---- accounting ---------------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        """Counts the request and writes its trace: runs exactly once, whatever happened."""
+        if self._finished:
+            return
+        self._finished = True
+        metrics = self.state.metrics
+        duration = time.perf_counter() - self.started
+        status = self.status
+        if self.error is not None:
+            status = self.error.status_code
+            if isinstance(self.error, UpstreamError):
+                metrics.upstream_errors.labels(upstream_error_label(self.error)).inc()
+        status_class = "disconnected" if self.disconnected else f"{status // 100}xx"
+        metrics.requests.labels("off", self.policy.detector, status_class).inc()
+        metrics.request_duration.labels("off", "true" if self.stream else "false").observe(duration)
+        if self.state.tracer.path is not None:
+            self._write_trace(duration)
+
+    def _write_trace(self, duration: float) -> None:
+        record: dict[str, Any] = {
+            "id": self.request_id,
+            "time": self.started_wall,
+            "model": self.body.get("model"),
+            "mode": "off",
+            "detector": self.policy.detector,
+            "judge": self.policy.judge,
+            "stream": self.stream,
+            "prompt": None,
+            "images": [],
+            "steps": [],
+            "answer": None,
+            "reasoning": None,
+            "summary": None,
+            "usage": None,
+            "timings": {
+                "duration_s": round(duration, 6),
+                "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
+                "verification_s": 0.0,
+            },
+            "hints": None,
+            "disconnected": self.disconnected,
+            "error": error_body(self.error)["error"] if self.error else None,
+        }
+        try:
+            self.state.tracer.write(record)
+        except OSError:
+            log.exception("could not write the trace of %s", self.request_id)
+
+
+class OffModeMiddleware:
+    """Serves off-mode chat completions (see the module's docstring); passes everything else on."""
+
+    def __init__(self, app: ASGIApp, *, default_off: bool) -> None:
+        self.app = app
+        self.default_off = default_off
+
+    def _is_off(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        for name, value in headers:
+            if name == _MODE_HEADER:
+                return value.strip().lower() == b"off"  # anything else, valid or not, is the router's
+        return self.default_off
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != CHAT_PATH
+            or scope["method"] != "POST"
+            or not self._is_off(scope["headers"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        app = scope.get("app")
+        state = getattr(getattr(app, "state", None), "faithproxy", None)
+        if state is None:  # no lifespan ran: the router answers as it would
+            await self.app(scope, receive, send)
+            return
+        started, started_wall = time.perf_counter(), time.time()
+        try:
+            raw = await _read_body(receive)
+            if raw is None:
+                return  # the client left before sending its body
+            body = parse_body(raw)
+            changed = check_body(body, state.settings)  # True: the max_tokens cap was added
+            policy = policy_from_headers(
+                Headers(scope=scope),
+                state.settings,
+                detectors=state.detectors,
+                judges=state.judges,
+                hints_available=state.hint_llm is not None,
+            )
+            # As on the full path: no client-chosen media URL reaches vLLM unchecked (server/image_urls.py).
+            changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
+            if changed:
+                raw = json.dumps(body).encode()  # forward the body as settled
+        except FaithproxyError as exc:
+            label = "rejected" if isinstance(exc, PolicyError) else "unknown"
+            state.metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx").inc()
+            content = json.dumps(error_body(exc)).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+            await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": content, "more_body": False})
+            return
+        passthrough = Passthrough(
+            state, policy, body, raw, request_id=request_id(), started=started, started_wall=started_wall
+        )
+        await passthrough(scope, receive, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        return None
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    parts = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
