@@ -22,7 +22,8 @@ from faithproxy.server.errors import faithproxy_error_handler, validation_error_
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.passthrough import OffModeMiddleware
-from faithproxy.server.routers import chat, ops
+from faithproxy.server.reports import ReportStore
+from faithproxy.server.routers import chat, faithfulness, ops
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
@@ -57,6 +58,8 @@ def create_app(
         PlatformCollector(registry=registry)
 
     built_metrics: list[Metrics] = []
+    # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
+    reports = ReportStore(settings.reports_max_count, settings.reports_max_age_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -120,6 +123,7 @@ def create_app(
             image_fetcher=fetcher,
             hidden_states=hidden if settings.record_features else None,
             hint_llm=judges.get(settings.hint_judge) if settings.hint_judge else None,
+            reports=reports,
         )
         app.state.faithproxy = state
         try:
@@ -141,6 +145,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.include_router(chat.router)
     app.include_router(ops.router)
+    app.include_router(faithfulness.router)
     install_openapi(app, settings)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     app.add_middleware(

@@ -23,6 +23,7 @@ from faithproxy.server.errors import error_body, error_frame, error_response
 from faithproxy.server.hints import apply_hints, collect_hints
 from faithproxy.server.metrics import upstream_error_label
 from faithproxy.server.policy import RequestPolicy
+from faithproxy.server.reports import report
 from faithproxy.server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
 from faithproxy.server.sse import DONE, ChunkFactory, frame
 from faithproxy.server.state import AppState
@@ -269,6 +270,23 @@ class ChatServing:
         if self.session is not None:
             metrics.verification_seconds.labels(self.policy.mode).inc(self.session.stats.verification_s)
         self._write_trace(duration)
+        if self.session is not None and self.state.reports is not None:
+            self.state.reports.put(self.request_id, self._report())
+
+    def _report(self) -> dict[str, Any]:
+        """What GET /v1/faithfulness/{request_id} returns for this request (server/reports.py)."""
+        assert self.session is not None
+        return report(
+            request_id=self.request_id,
+            created=self.started_wall,
+            model=self.body.get("model"),
+            stream=self.stream,
+            judge=self.policy.judge,
+            summary=self._summary(),
+            texts=[(step.text, step.channel.value) for step in self.session.steps],
+            outcome="disconnected" if self.disconnected else "failed" if self.error is not None else "completed",
+            error=error_body(self.error)["error"] if self.error is not None else None,
+        )
 
     def _write_trace(self, duration: float) -> None:
         s = self.session

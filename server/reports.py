@@ -1,0 +1,99 @@
+"""Per-step reports of finished requests, kept for a while so a client can read them by request id.
+
+A client behind a gateway may never see the `faithfulness` members the proxy adds to a response:
+LiteLLM, for one, rebuilds every stream chunk from the fields it knows and drops them. The request id
+survives such a hop as a response header (`X-Faithproxy-Request-Id`; LiteLLM passes it on as
+`llm_provider-x-faithproxy-request-id`), and `GET /v1/faithfulness/{request_id}` returns the report.
+
+The store is in memory and bounded twice: by count (the oldest report goes first) and by age (a
+report older than the limit is gone whether or not the count is reached). Reports are kept as
+encoded JSON, about 300 bytes plus 250 per step, so the count bounds the memory. Only requests that
+were verified (`detect`, `correct`) have one; an `off` request checks nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+OBJECT = "faithfulness.report"
+
+
+class ReportStore:
+    """Encoded reports by request id: at most `max_count`, none older than `max_age_s`. `max_count`
+    0 keeps nothing. Safe to share between threads (the event loop's and a worker's)."""
+
+    def __init__(self, max_count: int, max_age_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_count = max_count
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._reports: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # oldest first
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._expire(self._clock())
+            return len(self._reports)
+
+    def put(self, request_id: str, report: dict[str, Any]) -> None:
+        if self.max_count <= 0:
+            return
+        encoded = json.dumps(report, ensure_ascii=False, separators=(",", ":")).encode()
+        with self._lock:
+            now = self._clock()
+            self._reports.pop(request_id, None)
+            self._reports[request_id] = (now, encoded)
+            while len(self._reports) > self.max_count:
+                self._reports.popitem(last=False)
+            self._expire(now)
+
+    def get(self, request_id: str) -> bytes | None:
+        """The report as JSON bytes; None when it is unknown or has expired."""
+        with self._lock:
+            self._expire(self._clock())
+            entry = self._reports.get(request_id)
+        return None if entry is None else entry[1]
+
+    def _expire(self, now: float) -> None:
+        # Stored in time order, so the expired ones are at the front.
+        while self._reports:
+            stored, _ = next(iter(self._reports.values()))
+            if now - stored <= self.max_age_s:
+                return
+            self._reports.popitem(last=False)
+
+
+def report(
+    *,
+    request_id: str,
+    created: float,
+    model: Any,
+    stream: bool,
+    judge: str | None,
+    summary: dict[str, Any],
+    texts: list[tuple[str, str]],
+    outcome: str,
+    error: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The report of one request: the `faithfulness` summary a client would have got in the response,
+    each step with its text and channel (the stream carried those beside the annotation), how the
+    request ended (`completed`, `failed`, `disconnected`) and its error, if any."""
+    steps = [
+        {**annotation, "text": text, "channel": channel}
+        for annotation, (text, channel) in zip(summary.get("steps", []), texts, strict=False)
+    ]
+    return {
+        "id": request_id,
+        "object": OBJECT,
+        "created": int(created),
+        "model": model,
+        "stream": stream,
+        "judge": judge,
+        "outcome": outcome,
+        "error": error,
+        "faithfulness": {**summary, "steps": steps},
+    }

@@ -1,0 +1,161 @@
+"""Per-step reports by request id (server/reports.py, GET /v1/faithfulness/{request_id}): the store's
+bounds, and the lookup through the running proxy (vLLM a MockTransport, the local judge server)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.judge_server import running_judge_server
+from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.clients.judges import JudgeConfig
+from faithproxy.server.app import create_app
+from faithproxy.server.reports import ReportStore
+from faithproxy.server.settings import Settings
+from tests.server.fakes import SENTENCES, MockVLLM, frames
+
+KEY = "fp-client-key-for-reports"
+BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
+
+
+# ---- the store ------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_store_keeps_the_newest_reports_up_to_its_count() -> None:
+    store = ReportStore(max_count=2, max_age_s=60)
+    for n in range(3):
+        store.put(f"r{n}", {"n": n})
+    assert store.get("r0") is None
+    assert json.loads(store.get("r1") or b"") == {"n": 1} and json.loads(store.get("r2") or b"") == {"n": 2}
+    store.put("r1", {"n": 11})  # stored again: now the newest
+    store.put("r3", {"n": 3})
+    assert store.get("r2") is None and json.loads(store.get("r1") or b"") == {"n": 11}
+    assert len(store) == 2
+
+
+def test_the_store_forgets_reports_older_than_its_age() -> None:
+    clock = Clock()
+    store = ReportStore(max_count=100, max_age_s=60, clock=clock)
+    store.put("old", {})
+    clock.now += 30
+    store.put("young", {})
+    clock.now += 30
+    assert store.get("old") == b"{}"  # exactly the age: still kept
+    clock.now += 0.5
+    assert store.get("old") is None and store.get("young") == b"{}"
+    clock.now += 30
+    assert store.get("young") is None and len(store) == 0
+
+
+def test_a_store_of_count_zero_keeps_nothing() -> None:
+    store = ReportStore(max_count=0, max_age_s=60)
+    store.put("r", {"n": 1})
+    assert store.get("r") is None and len(store) == 0
+
+
+# ---- through the proxy ----------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def proxy(tmp_path: Path, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    judge_app = create_judge_app({"unfaithful": [SENTENCES[0].strip()]})  # the first sentence is "wrong"
+    async with running_judge_server(judge_app) as judge_url:
+        judge = JudgeConfig(name="claude", backend="anthropic", model="judge-model", base_url=judge_url,
+                            api_key="sk-test", timeout_s=5, max_retries=0)  # type: ignore[arg-type]  # fmt: skip
+        settings = Settings(upstream_url="http://vllm.test", trace_path=str(tmp_path / "t.jsonl"), judges=[judge],
+                            max_retries=0, **overrides)  # fmt: skip
+        app = create_app(settings, upstream_transport=MockVLLM().transport())
+        async with running_app(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+            yield http
+
+
+async def lookup(http: httpx.AsyncClient, response: httpx.Response, **kwargs: Any) -> httpx.Response:
+    return await http.get(f"/v1/faithfulness/{response.headers['x-faithproxy-request-id']}", **kwargs)
+
+
+def without_text(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's `faithfulness` as the response carried it (steps without their text and channel)."""
+    steps = [{k: v for k, v in step.items() if k not in ("text", "channel")} for step in report["steps"]]
+    return {**report, "steps": steps}
+
+
+@pytest.mark.parametrize("mode", ["correct", "detect"])
+async def test_a_non_streamed_request_s_report_is_its_faithfulness_with_the_step_texts(
+    tmp_path: Path, mode: str
+) -> None:
+    async with proxy(tmp_path) as http:
+        response = await http.post("/v1/chat/completions", json=BODY, headers={"x-faithproxy-mode": mode})
+        assert response.status_code == 200, response.text
+        found = await lookup(http, response)
+    assert found.status_code == 200 and found.headers["content-type"] == "application/json"
+    report = found.json()
+    body = response.json()
+    assert report["id"] == response.headers["x-faithproxy-request-id"] == body["id"].removeprefix("chatcmpl-")
+    assert report["object"] == "faithfulness.report" and report["outcome"] == "completed" and report["error"] is None
+    assert report["model"] == "m" and report["stream"] is False and report["judge"] == "claude"
+    assert without_text(report["faithfulness"]) == body["faithfulness"]
+    steps = report["faithfulness"]["steps"]
+    assert [s["text"] for s in steps] == [text.strip() for text in SENTENCES]  # a step's text: its sentence
+    assert {s["channel"] for s in steps} == {"content"}
+    assert steps[0]["detected"] == "unfaithful"  # the judge's verdict, step by step
+
+
+async def test_a_streamed_request_s_report_matches_the_last_chunk(tmp_path: Path) -> None:
+    async with proxy(tmp_path) as http:
+        response = await http.post("/v1/chat/completions", json={**BODY, "stream": True})
+        assert response.status_code == 200
+        found = await lookup(http, response)
+    chunks = [json.loads(f) for f in frames(response.text) if f != "[DONE]"]
+    last = chunks[-1]["faithfulness"]
+    report = found.json()
+    assert report["stream"] is True and report["outcome"] == "completed"
+    assert without_text(report["faithfulness"]) == last
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    assert " ".join(s["text"] for s in report["faithfulness"]["steps"]) == content.strip()
+
+
+async def test_unknown_ids_and_off_mode_requests_are_a_404_in_openai_format(tmp_path: Path) -> None:
+    async with proxy(tmp_path) as http:
+        off = await http.post("/v1/chat/completions", json=BODY, headers={"x-faithproxy-mode": "off"})
+        assert off.status_code == 200 and off.headers["x-faithproxy-request-id"]
+        for response in (await lookup(http, off), await http.get("/v1/faithfulness/0123456789abcdef01234567")):
+            assert response.status_code == 404
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["code"] == "report_not_found"
+            assert error["param"] == "request_id" and "mode off" in error["message"]
+
+
+async def test_only_the_newest_reports_are_kept(tmp_path: Path) -> None:
+    async with proxy(tmp_path, reports_max_count=1) as http:
+        first = await http.post("/v1/chat/completions", json=BODY)
+        second = await http.post("/v1/chat/completions", json=BODY)
+        assert (await lookup(http, first)).status_code == 404
+        assert (await lookup(http, second)).status_code == 200
+
+
+async def test_the_lookup_needs_the_same_key_as_the_api(tmp_path: Path) -> None:
+    async with proxy(tmp_path, api_keys=[KEY]) as http:
+        auth = {"authorization": f"Bearer {KEY}"}
+        response = await http.post("/v1/chat/completions", json=BODY, headers=auth)
+        assert response.status_code == 200
+        refused = await lookup(http, response)
+        wrong = await lookup(http, response, headers={"authorization": "Bearer nope"})
+        found = await lookup(http, response, headers=auth)
+    assert refused.status_code == 401 and wrong.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+    assert found.status_code == 200 and found.json()["id"] == response.headers["x-faithproxy-request-id"]
