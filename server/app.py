@@ -22,7 +22,7 @@ from faithproxy.server.errors import faithproxy_error_handler, validation_error_
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.passthrough import OffModeMiddleware
-from faithproxy.server.reports import ReportStore
+from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
 from faithproxy.server.routers import chat, faithfulness, ops
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
@@ -59,7 +59,11 @@ def create_app(
 
     built_metrics: list[Metrics] = []
     # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
-    reports = ReportStore(settings.reports_max_count, settings.reports_max_age_s)
+    reports: Reports = (
+        SharedReportStore(settings.reports_path, settings.reports_max_count, settings.reports_max_age_s)
+        if settings.reports_path
+        else ReportStore(settings.reports_max_count, settings.reports_max_age_s)
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -5,22 +5,40 @@ LiteLLM, for one, rebuilds every stream chunk from the fields it knows and drops
 survives such a hop as a response header (`X-Faithproxy-Request-Id`; LiteLLM passes it on as
 `llm_provider-x-faithproxy-request-id`), and `GET /v1/faithfulness/{request_id}` returns the report.
 
-The store is in memory and bounded twice: by count (the oldest report goes first) and by age (a
-report older than the limit is gone whether or not the count is reached). Reports are kept as
-encoded JSON, about 300 bytes plus 250 per step, so the count bounds the memory. Only requests that
-were verified (`detect`, `correct`) have one; an `off` request checks nothing.
+The store is bounded twice: by count (the oldest report goes first) and by age (a report older
+than the limit is gone whether or not the count is reached). Reports are kept as encoded JSON, about
+300 bytes plus 250 per step, so the count bounds the memory. Only requests that were verified
+(`detect`, `correct`) have one; an `off` request checks nothing.
+
+One process keeps them in its memory (`ReportStore`). Several processes serving one port (workers)
+must share them, or a lookup would reach a worker that never saw the request: `SharedReportStore`
+keeps them in a SQLite file they all open (`FAITHPROXY_REPORTS_PATH`), with the same bounds.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 OBJECT = "faithfulness.report"
+
+
+class Reports(Protocol):
+    """What the server needs of a store."""
+
+    def put(self, request_id: str, report: dict[str, Any]) -> None: ...
+
+    def get(self, request_id: str) -> bytes | None: ...
+
+
+def _encode(report: dict[str, Any]) -> bytes:
+    return json.dumps(report, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class ReportStore:
@@ -42,7 +60,7 @@ class ReportStore:
     def put(self, request_id: str, report: dict[str, Any]) -> None:
         if self.max_count <= 0:
             return
-        encoded = json.dumps(report, ensure_ascii=False, separators=(",", ":")).encode()
+        encoded = _encode(report)
         with self._lock:
             now = self._clock()
             self._reports.pop(request_id, None)
@@ -65,6 +83,67 @@ class ReportStore:
             if now - stored <= self.max_age_s:
                 return
             self._reports.popitem(last=False)
+
+
+class SharedReportStore:
+    """The same bounds in a SQLite file that several processes open. Each put also deletes what has
+    fallen out of the bounds, so the file stays as small as the memory store would be. Ages are wall
+    clock seconds (the processes share no monotonic clock)."""
+
+    def __init__(
+        self, path: str | Path, max_count: int, max_age_s: float, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.max_count = max_count
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit; a writer waits up to 5 s for another's lock instead of failing at once.
+        self._db = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for writers
+        self._db.execute("PRAGMA synchronous=OFF")  # a report lost in a power cut is acceptable
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "id TEXT UNIQUE NOT NULL, stored REAL NOT NULL, report BLOB NOT NULL)"
+        )
+
+    def __len__(self) -> int:
+        with self._lock:
+            oldest = self._clock() - self.max_age_s
+            (count,) = self._db.execute("SELECT COUNT(*) FROM reports WHERE stored >= ?", (oldest,)).fetchone()
+        return int(count)
+
+    def put(self, request_id: str, report: dict[str, Any]) -> None:
+        if self.max_count <= 0:
+            return
+        encoded = _encode(report)
+        with self._lock:
+            now = self._clock()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO reports (id, stored, report) VALUES (?, ?, ?)", (request_id, now, encoded)
+                )
+                self._db.execute(
+                    "DELETE FROM reports WHERE stored < ? OR seq <= (SELECT MAX(seq) FROM reports) - ?",
+                    (now - self.max_age_s, self.max_count),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def get(self, request_id: str) -> bytes | None:
+        with self._lock:
+            oldest = self._clock() - self.max_age_s
+            row = self._db.execute(
+                "SELECT report FROM reports WHERE id = ? AND stored >= ?", (request_id, oldest)
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
 
 
 def report(

@@ -111,6 +111,8 @@ class Settings(BaseSettings):
     # reports.py): kept in memory, the newest `reports_max_count` (0: none), none older than the age.
     reports_max_count: int = Field(10_000, ge=0)
     reports_max_age_s: float = Field(3600.0, gt=0)
+    # A SQLite file for them instead, which all workers of one server must share; None: in memory.
+    reports_path: str | None = None
 
     # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
     # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe

@@ -12,7 +12,7 @@ from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.metrics import Metrics
-from faithproxy.server.reports import ReportStore
+from faithproxy.server.reports import Reports
 from faithproxy.server.settings import Settings
 from faithproxy.server.traces import TraceWriter
 
@@ -35,7 +35,7 @@ class AppState:
     # The judge backend that writes hints (settings.hint_judge), shared with the judge detector.
     hint_llm: Any = None  # clients.judge_base.JudgeBackend
     # Reports of finished verified requests, by request id (GET /v1/faithfulness/{request_id}).
-    reports: ReportStore | None = None
+    reports: Reports | None = None
 
     def judge_fetches_images(self, judge: str | None) -> bool:
         return self.image_fetcher is not None and any(c.name == judge and c.fetch_images for c in self.settings.judges)

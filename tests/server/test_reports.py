@@ -17,7 +17,7 @@ from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.reports import ReportStore
+from faithproxy.server.reports import ReportStore, SharedReportStore
 from faithproxy.server.settings import Settings
 from tests.server.fakes import SENTENCES, MockVLLM, frames
 
@@ -66,6 +66,26 @@ def test_a_store_of_count_zero_keeps_nothing() -> None:
     store = ReportStore(max_count=0, max_age_s=60)
     store.put("r", {"n": 1})
     assert store.get("r") is None and len(store) == 0
+
+
+def test_workers_share_reports_through_one_file_with_the_same_bounds(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "reports" / "reports.sqlite3"
+    first = SharedReportStore(path, max_count=2, max_age_s=60, clock=clock)  # one worker's
+    second = SharedReportStore(path, max_count=2, max_age_s=60, clock=clock)  # another's
+    try:
+        first.put("a", {"n": 1})
+        assert json.loads(second.get("a") or b"") == {"n": 1}  # written by one, read by the other
+        second.put("b", {"n": 2})
+        first.put("c", {"n": 3})
+        assert first.get("a") is None and second.get("b") == b'{"n":2}' and len(first) == 2  # the count
+        clock.now += 61
+        assert second.get("b") is None and len(second) == 0  # the age
+        first.put("a", {"n": 4})  # an id stored again replaces its report
+        assert second.get("a") == b'{"n":4}'
+    finally:
+        first.close()
+        second.close()
 
 
 # ---- through the proxy ----------------------------------------------------------------------------
@@ -140,8 +160,10 @@ async def test_unknown_ids_and_off_mode_requests_are_a_404_in_openai_format(tmp_
             assert error["param"] == "request_id" and "mode off" in error["message"]
 
 
-async def test_only_the_newest_reports_are_kept(tmp_path: Path) -> None:
-    async with proxy(tmp_path, reports_max_count=1) as http:
+@pytest.mark.parametrize("shared", [False, True], ids=["memory", "file"])
+async def test_only_the_newest_reports_are_kept(tmp_path: Path, shared: bool) -> None:
+    path = {"reports_path": str(tmp_path / "reports.sqlite3")} if shared else {}
+    async with proxy(tmp_path, reports_max_count=1, **path) as http:
         first = await http.post("/v1/chat/completions", json=BODY)
         second = await http.post("/v1/chat/completions", json=BODY)
         assert (await lookup(http, first)).status_code == 404
