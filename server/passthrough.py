@@ -247,6 +247,7 @@ class Passthrough(Response):
                 "verification_s": 0.0,
             },
             "hints": None,
+            "judge_usage": None,
             "disconnected": self.disconnected,
             "error": error_body(self.error)["error"] if self.error else None,
         }
