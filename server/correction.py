@@ -384,6 +384,8 @@ class CorrectionCore:
             if verdict.kind is not None:
                 step.kind = verdict.kind  # the detector's typing is better than the keyword heuristic
             step.verdict = step.first_verdict = verdict
+            if verdict.unchecked and step.kind is StepKind.PERCEPTION:  # e.g. the judge's "budget"
+                step.unchecked_reason = verdict.unchecked
         return True
 
     def _passes(self, error: BaseException) -> bool:
@@ -505,6 +507,8 @@ class CorrectionCore:
             # the rewrite went out unchecked: residual, like any perception step without a verdict
             step.verdict = verdict or Verdict(Faithfulness.UNKNOWN, self.rules.detector, reason=_message(checked.error))
             step.unchecked_reason = "detector_error" if checked.error is not None else self._unknown_reason()
+            if verdict is not None and verdict.unchecked:
+                step.unchecked_reason = verdict.unchecked
             _residual(step, "unchecked")
         else:
             step.verdict = verdict

@@ -413,7 +413,7 @@ def _image_piece(ident: str, tokens: int, cache: bool = False) -> Piece:
     return Piece("image:" + hashlib.sha256(ident.encode()).hexdigest(), tokens, cache)
 
 
-def _anthropic_parts(body: dict[str, Any], image_tokens: int) -> Parts:
+def anthropic_parts(body: dict[str, Any], image_tokens: int) -> Parts:
     texts, images, pieces = [], [], []
     system = body.get("system")
     if isinstance(system, str) and system:
@@ -441,7 +441,7 @@ def _anthropic_parts(body: dict[str, Any], image_tokens: int) -> Parts:
     return Parts("".join(texts), images, pieces)
 
 
-def _openai_parts(body: dict[str, Any], image_tokens: int) -> Parts:
+def openai_parts(body: dict[str, Any], image_tokens: int) -> Parts:
     texts, images, pieces = [], [], []
     for message in body.get("messages") or []:
         content = message.get("content")
@@ -519,7 +519,7 @@ def create_app(
         state.by_protocol[protocol] += 1
         try:
             body = await request.json()
-            parts = (_anthropic_parts if protocol == "anthropic" else _openai_parts)(body, state.image_tokens)
+            parts = (anthropic_parts if protocol == "anthropic" else openai_parts)(body, state.image_tokens)
         except (ValueError, AttributeError, TypeError):
             return _error(protocol, 400, "invalid_request_error", "body is not a chat request")
         text, images = parts.text, parts.images

@@ -35,6 +35,9 @@ REQUIRED_PANELS = (
     "Detector errors",
     "vLLM prefix-cache hit rate",
     "vLLM running / waiting requests",
+    "Judge tokens per perception step",
+    "Judge prompt-cache hit share",
+    "Judge calls per perception step",
 )
 
 
@@ -156,6 +159,17 @@ def test_upr_panels_sum_before_dividing() -> None:
         if "UPR" in query.panel:
             numerator, _, denominator = query.expr.partition(" / ")
             assert numerator.startswith("sum") and denominator.startswith("sum"), query
+
+
+def test_judge_bill_panels_sum_before_dividing() -> None:
+    """Tokens per step and the cache hit share: ratios of sums over every replica, like the UPR."""
+    judge = [q for q in assets.dashboard_queries() if q.panel.startswith("Judge") and " / " in q.expr]
+    assert len(judge) >= 5
+    for query in judge:
+        numerator, _, denominator = query.expr.partition(" / ")
+        denominator = re.sub(r"^ignoring \([^)]*\) group_left \(\) ", "", denominator)
+        assert numerator.startswith("sum") and denominator.startswith("sum"), query
+        assert "faithproxy_judge_" in numerator, query
 
 
 # ---- Prometheus config and rules -------------------------------------------------------------------

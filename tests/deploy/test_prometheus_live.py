@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -297,6 +298,19 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
         kind = quantity(q.expr)
         assert kind is not None
         compare(f"panel {q.panel} [{q.ref}]", kind, q.expr, await evaluate(f"{q.panel} [{q.ref}]", expr))
+    # 2b. the judge-bill panels over the same window: exactly the proxy's own counters over the known
+    #     perception steps (judge tokens per step, calls per step, the cache hit share per judge)
+    bill = judge_counters(await _get(f"{stack.proxy_url}/metrics"))
+    judged = [q for q in queries if q.panel.startswith("Judge") and " / " in q.expr]
+    assert len(judged) >= 5 and any(v > 0 for v in bill["cached_input"].values())
+    for q in judged:
+        expr = assets.substitute(q.expr, rate_interval=covering, range_=covering)
+        for series in await evaluate(f"{q.panel} [{q.ref}]", expr):
+            labels = series["metric"]
+            value, want = float(series["value"][1]), expected_judge_figure(q.expr, labels, bill, total)
+            measured.append(f"panel {q.panel} [{q.ref}] {labels or ''}: {value:.6g} (expected {want:.6g})")
+            if not math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12):
+                failures.append(f"panel {q.panel} [{q.ref}] {labels}: {value!r}, expected {want!r}")
     # 3. the variables' label values
     for name, (metric, label) in assets.variable_queries().items():
         values = await prom.api(f"label/{label}/values", **{"match[]": metric})
@@ -351,6 +365,38 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
 
     print("\n".join(measured))
     assert not failures, "\n".join(failures) + "\n\nmeasured:\n" + "\n".join(measured)
+
+
+def judge_counters(text: str) -> dict[str, dict[str, float]]:
+    """The proxy's judge-bill counters: kind → judge → tokens, and "calls" → judge → calls."""
+    out: dict[str, dict[str, float]] = {"calls": {}}
+    for line in text.splitlines():
+        for name in ("faithproxy_judge_tokens_total{", "faithproxy_judge_calls_total{"):
+            if line.startswith(name):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+                kind = labels.get("kind", "calls")
+                out.setdefault(kind, {})[labels["judge"]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def expected_judge_figure(expr: str, labels: dict[str, str], bill: dict[str, dict[str, float]], steps: int) -> float:
+    """What a judge-bill panel must show for the known traffic: its numerator summed from the proxy's
+    counters (by the series' kind or judge, when it has one), over the perception steps or the prompt."""
+
+    def total(kinds: list[str], judge: str | None = None) -> float:
+        return sum(v for k in kinds for j, v in bill.get(k, {}).items() if judge is None or j == judge)
+
+    prompt = ["input", "cached_input", "cache_creation"]
+    if "faithproxy_judge_calls_total" in expr:
+        return total(["calls"]) / steps
+    if 'kind="cached_input"' in expr:  # the cache hit share, per judge
+        return total(["cached_input"], labels["judge"]) / total(prompt, labels["judge"])
+    if "kind" in labels:
+        return total([labels["kind"]]) / steps
+    kinds = [*prompt, "output"]
+    if 'kind!="cached_input"' in expr:
+        kinds.remove("cached_input")
+    return total(kinds) / steps
 
 
 async def _get(url: str) -> str:

@@ -680,3 +680,24 @@ def test_nothing_follows_the_end() -> None:
     assert played.lines == ["start", "end stop"] and played.over
     with pytest.raises(RuntimeError):
         played.core.next_action()
+
+
+# ---- a verdict that says why it is unchecked ---------------------------------------------------
+
+BUDGET = Verdict(Faithfulness.UNKNOWN, "d", unchecked="budget")  # the judge's budget was spent
+
+
+def test_an_unchecked_verdict_gives_perception_steps_its_reason() -> None:
+    played = play([(p("One circle."), r("So A."), end()), Checked([BUDGET, BUDGET])])
+    assert played.over and played.lines[-1] == "end stop"
+    assert [(s.text, outcome(s)) for s in played.core.steps] == [
+        ("One circle.", "unknown/unknown residual:unchecked unchecked:budget"),
+        ("So A.", "unknown/unknown"),  # a reasoning step is never unchecked
+    ]
+
+
+def test_a_rewrite_that_could_not_be_checked_keeps_the_reason() -> None:
+    played = play([(p("It is blue."),), verdicts("U"), rewrite("It is red."), Checked([BUDGET]), end()])
+    assert "tried #1 fixed" in played.lines
+    (step,) = played.core.steps
+    assert outcome(step) == "unfaithful/unknown fixed@1 residual:unchecked unchecked:budget"
