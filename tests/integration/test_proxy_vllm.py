@@ -46,10 +46,18 @@ class Stack:
 
 
 @pytest.fixture
-async def stack(vllm_server: Any, tmp_path: Path) -> AsyncIterator[Stack]:
+def stack_settings() -> dict[str, Any]:
+    """Settings a test changes (`@pytest.mark.parametrize("stack_settings", [{...}])`)."""
+    return {}
+
+
+@pytest.fixture
+async def stack(vllm_server: Any, tmp_path: Path, stack_settings: dict[str, Any]) -> AsyncIterator[Stack]:
     judge_app = create_judge_app(spec.oracle_json())
     async with running_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url:
-        settings = local_judge_settings(vllm_server.base_url, judge_url, trace_path=str(tmp_path / "traces.jsonl"))
+        settings = local_judge_settings(
+            vllm_server.base_url, judge_url, trace_path=str(tmp_path / "traces.jsonl"), **stack_settings
+        )
         app = create_app(settings)
         async with running_app(app) as proxy_url:
             client = AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -303,16 +311,25 @@ def _prefix_hits(text: str) -> float:
     return metric(text, "vllm:prefix_cache_hits_total")
 
 
-async def test_http_image_url_is_fetched_by_vllm_and_hashed_by_url(stack: Stack) -> None:
+def _image_host() -> Any:
     from fastapi import FastAPI
     from fastapi.responses import Response
 
     images = FastAPI()
+    images.state.hits = 0
 
     @images.get("/{name}.png")
     async def png(name: str) -> Response:
+        images.state.hits += 1
         return Response(spec.render_fixture_image(name), media_type="image/png")
 
+    return images
+
+
+# URLs passed on, as for a vLLM started with --allowed-media-domains: vLLM fetches the image itself.
+@pytest.mark.parametrize("stack_settings", [{"image_urls": "pass"}])
+async def test_http_image_url_is_fetched_by_vllm_and_hashed_by_url(stack: Stack) -> None:
+    images = _image_host()
     async with running_app(images) as image_host:
         url = f"{image_host}/red_circle.png"
         body = request("red_circle", stack.model)
@@ -321,3 +338,18 @@ async def test_http_image_url_is_fetched_by_vllm_and_hashed_by_url(stack: Stack)
     assert completion.choices[0].message.content == spec.corrected_chain_text(spec.get("red_circle"))
     (trace,) = stack.traces()
     assert trace["images"] == [__import__("hashlib").sha256(url.encode()).hexdigest()]
+
+
+# The default: the proxy fetches the image under its policy (here allowed to reach 127.0.0.1, where
+# the image host runs) and real vLLM gets the bytes; the chain is the one the data URL gets.
+@pytest.mark.parametrize("stack_settings", [{"image_fetch": {"allow_networks": ["127.0.0.0/8"]}}])
+async def test_http_image_url_is_fetched_by_the_proxy_and_reaches_vllm_as_bytes(stack: Stack) -> None:
+    images = _image_host()
+    async with running_app(images) as image_host:
+        body = request("red_circle", stack.model)
+        body["messages"][0]["content"][0]["image_url"]["url"] = f"{image_host}/red_circle.png"
+        completion = await stack.client.chat.completions.create(**body)
+    assert completion.choices[0].message.content == spec.corrected_chain_text(spec.get("red_circle"))
+    assert images.state.hits == 1  # once, by the proxy: vLLM and the judge got the bytes
+    (trace,) = stack.traces()
+    assert trace["images"] == [__import__("hashlib").sha256(spec.render_fixture_image("red_circle")).hexdigest()]
