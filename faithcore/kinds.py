@@ -1,140 +1,66 @@
-"""A heuristic first guess at a step's kind: does it claim something about the image?
+"""The step typer: does a step claim something about the image (PERCEPTION) or not (REASONING)?
 
-Only perception steps are checked against the image, so this decides what a detector sees. It is a
-cheap cue-word heuristic, not a judgement: a detector that types steps itself (the judge does) returns
-its own `Verdict.kind`, which overrides this one.
+Only perception steps are checked against the image, and with the judge gate on (the server's
+`judge_every_step` off) a batch without a perception step goes to no detector at all, not even to
+one that types steps itself. So this typer is built for recall: a perception step it calls reasoning
+is a claim nobody checks, while a reasoning step it calls perception costs one judge look.
 
-The rules, in order (list markers and fillers such as "Okay," or "Wait," are skipped first):
+Two stages:
 
-1. A step that opens with a deduction cue ("So", "Therefore", "Because", "The answer is", "Let me
-   compute", ...) is REASONING, whatever it mentions: "Therefore there are 2 more squares than
-   circles." draws a conclusion.
-2. A step with a conclusion or arithmetic anywhere ("the answer is", "option B", "(C)", "3 + 4 = 7",
-   "x = 7", "which means") is REASONING.
-3. A generic statement about a kind of thing ("A circle has no corners.", "Squares have four
-   sides.") is REASONING unless it mentions the image: it is general knowledge.
-4. A step that mentions the image or something one sees in it (the image/picture/figure, "I see",
-   "there is/are", visible, shows, colours, positions such as left/above/next to, sizes, counts of
-   objects, text written or read) is PERCEPTION.
-5. Anything else is REASONING. Shape names alone are no cue: "The circle is red." is a claim about
-   the image because of "red", not because of "circle".
+1. Rules for the forms that are reasoning whatever they mention (`rule_kind`): a sentence that opens,
+   after fillers such as "Okay," or "Wait,", with a deduction, a plan or the task ("So", "Therefore",
+   "Because", "Let me", "I need to", "The question asks", "The answer is", "If" ...), unless it also
+   presents the image or quotes text from it ("So I've got this picture of ...", "Let me check; the
+   label says "Milk""); and general knowledge about a kind of thing ("A circle has no corners.",
+   "Squares have four sides.") that names no image.
+2. Every other sentence goes to a logistic model over faithcore.step_features (words, how the sentence
+   opens, cue patterns), trained on labelled chains by benchmarks/evaluation/typer_train.py, with its
+   threshold set for a cross-validated perception recall of 0.99; its parameters ship in
+   faithcore/step_typer.json.
+
+docs/step-typer.md has the figures on held-out chains and the commands. A detector that types steps
+itself (the judge) still returns its own `Verdict.kind` for the steps it is sent, which overrides this.
 """
 
 from __future__ import annotations
 
 import re
 
+from faithproxy.faithcore import keyword_typer as kw
+from faithproxy.faithcore.keyword_typer import keyword_kind
+from faithproxy.faithcore.step_features import CUES, opening
+from faithproxy.faithcore.step_typer import load_model
 from faithproxy.faithcore.types import StepKind
 
-__all__ = ["classify_step"]
+__all__ = ["classify_step", "keyword_kind", "perception_probability", "rule_kind"]
 
-
-def _words(*words: str) -> str:
-    return r"\b(?:" + "|".join(words) + r")\b"
-
-
-_LIST_MARKER = re.compile(r"^\s*(?:[-*+\u2022]|\d{1,3}[.)]|[A-Za-z][.)]|\([A-Za-z0-9]{1,3}\))\s+")
-_FILLER = re.compile(
-    _words(
-        "okay", "ok", "alright", "all right", "well", "hmm+", "hm+", "um+", "uh+", "oh", "ah", "wait",
-        "now", "right", "yes", "yeah", "no", "actually", "first", "firstly", "second", "secondly",
-        "next", "also", "and", "but", "then", "finally",
-    )
-    + r"[,.!:;]*\s*",
-    re.IGNORECASE,
-)  # fmt: skip
-
-_DEDUCTION_START = re.compile(
-    _words(
-        "so", "therefore", "thus", "hence", "because", "since", "consequently", "accordingly",
-        "as a result", "it follows", "this means", "that means", "which means", "this implies",
-        "in conclusion", "to conclude", "in summary", "to summarize", "overall", "putting .* together",
-        "the (?:final |correct )?answer", "(?:final )?answer", "let me", "let's", "let us", "if",
-        "assuming", "suppose", "given that", "recall", "remember", "by definition",
-        # plans and restatements of the task claim nothing about the image yet
-        "i need to", "i should", "i will", "i'll", "we need to", "i have to", "the question", "the task",
-    ),
-    re.IGNORECASE,
-)  # fmt: skip
-
-_DEDUCTION_ANYWHERE = re.compile(
-    "|".join(
-        (
-            _words("therefore", "thus", "hence", "implies", "which means", "this means", "that means"),
-            r"\b(?:the|my|final|correct) answer\b",
-            r"\banswer (?:is|should be|must be)\b",
-            r"\b(?:option|choice)s? [A-Ea-e]\b",
-            r"\([A-E]\)",
-            r"[\w)]\s*(?:[-+*/\u00d7\u00f7]|=)\s*[\w(]+\s*=",  # a worked equation: 3 + 4 = 7
-            r"\b\w\s*=\s*\d",  # an assignment: x = 7
-        )
-    ),
-    re.IGNORECASE,
+# General knowledge: an indefinite or plural subject with has/have ("A circle has no corners."). Not
+# "each": "Each bar has a label." is about the bars in the image.
+_GENERIC_KNOWLEDGE = re.compile(
+    r"(?:(?:a|an|every|all|any)\s+\w+|\w+s)\s+(?:has|have|always|never|by definition)\b", re.IGNORECASE
 )
 
-# General knowledge about a kind of thing: "A circle has no corners.", "Squares have four sides."
-_GENERIC = re.compile(
-    r"(?:(?:a|an|every|each|all|any)\s+\w+|\w+s)\s+(?:has|have|always|never|by definition)\b",
-    re.IGNORECASE,
-)
-_IMAGE = re.compile(
-    _words("image", "picture", "photo", "figure", "diagram", "chart", "scene", "see", "visible", "shows?"),
-    re.IGNORECASE,
-)
 
-# A claim about one particular thing ("The shape is a triangle.", "It is a dog."): a definite subject
-# with a copula. General knowledge uses an indefinite or plural subject and is caught by _GENERIC.
-_SPECIFIC_OBJECT = re.compile(
-    r"(?:the|this|that|it|they|these|those)\b[^.;:]{0,40}?\b(?:is|are|was|were)\s+(?:a|an|the|not|no|one|two|three)\b",
-    re.IGNORECASE,
-)
+def rule_kind(text: str) -> StepKind | None:
+    """REASONING for the forms of stage 1 (see the module docstring); None: the model decides."""
+    body, _ = opening(text)
+    if not body:
+        return StepKind.REASONING
+    if kw._DEDUCTION_START.match(body) and not (CUES["presenting"].search(body) or CUES["quote"].search(body)):
+        return StepKind.REASONING
+    if _GENERIC_KNOWLEDGE.match(body) and not kw._IMAGE.search(body):
+        return StepKind.REASONING
+    return None
 
-_NUMBER = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|several|many|a few)"
-_PERCEPTION = re.compile(
-    "|".join(
-        (
-            _words(
-                "image", "images", "picture", "photo", "photograph", "figure", "fig", "diagram",
-                "chart", "graph", "plot", "screenshot", "scene", "illustration", "drawing", "frame",
-            ),
-            _words(
-                "i see", "i can see", "we see", "we can see", "seen", "visible", "invisible",
-                "appears?", "looks? like", "shows?", "shown", "showing", "depicts?", "depicted",
-                "displays?", "displayed", "there (?:is|are|was|were|'s)", "contains?", "labell?ed",
-                "written", "reads?", "says", "caption", "text", "sign", "looking at",
-            ),
-            _words(
-                "red", "green", "blue", "yellow", "orange", "purple", "pink", "brown", "black",
-                "white", "gr[ae]y", "cyan", "magenta", "violet", "gold", "golden", "silver", "beige",
-                "teal", "colou?r(?:s|ed)?", "dark", "light", "bright", "striped", "shaded",
-            ),
-            _words(
-                "left", "top", "bottom", "above", "below", "under", "underneath", "beneath",
-                "next to", "beside", "behind", "in front of", "cent(?:er|re)", "middle", "corner",
-                "foreground", "background", "upper", "lower", "adjacent", "on the right",
-                "to the right", "right(?:-hand)? (?:side|corner|of)", "inside", "outside", "on top",
-            ),
-            _words(
-                "large", "larger", "largest", "small", "smaller", "smallest", "big", "bigger",
-                "biggest", "tiny", "huge", "tall", "taller", "wide", "narrow", "long", "thick", "thin",
-            ),
-            # three triangles, 2 red cubes; not "one of us"
-            r"\b" + _NUMBER + r"\s+(?:\w+\s+)?(?!(?:its|us|was|has|is|this|does|as|less|plus)\b)\w+s\b",
-        )
-    ),
-    re.IGNORECASE,
-)  # fmt: skip
+
+def perception_probability(text: str) -> float:
+    """The model's P(perception) for one step's text (stage 2, whatever the rules say)."""
+    return load_model().probability(text)
 
 
 def classify_step(text: str) -> StepKind:
-    """Guess whether a step is a perception claim or reasoning (see the module docstring)."""
-    body = _LIST_MARKER.sub("", text, count=1)
-    while (filler := _FILLER.match(body)) is not None and filler.end() > 0:
-        body = body[filler.end() :]
-    if _DEDUCTION_START.match(body) or _DEDUCTION_ANYWHERE.search(body):
-        return StepKind.REASONING
-    if _GENERIC.match(body) and not _IMAGE.search(body):
-        return StepKind.REASONING
-    if _PERCEPTION.search(body) or _SPECIFIC_OBJECT.match(body):
-        return StepKind.PERCEPTION
-    return StepKind.REASONING
+    """PERCEPTION when the step may claim something about the image (see the module docstring)."""
+    ruled = rule_kind(text)
+    if ruled is not None:
+        return ruled
+    return StepKind.PERCEPTION if load_model().is_perception(text) else StepKind.REASONING
