@@ -39,17 +39,24 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _segment(args: argparse.Namespace) -> int:
-    """Reads text on stdin incrementally and prints one JSON object per step (the server's code path)."""
+    """Reads text on stdin incrementally and prints one JSON object per step, with the kind the step
+    typer gives it (the server's code path: the same segmenter and typer)."""
+    from faithproxy.faithcore.kinds import classify_step
     from faithproxy.faithcore.segmenter import StepSegmenter
 
     segmenter = StepSegmenter()
     out = sys.stdout
+
+    def write(index: int, text: str) -> None:
+        line = {"index": index, "text": text, "kind": classify_step(text).value}
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+
     while chunk := sys.stdin.read(4096):
         for segment in segmenter.feed(chunk):
-            out.write(json.dumps({"index": segment.index, "text": segment.text}, ensure_ascii=False) + "\n")
+            write(segment.index, segment.text)
     for segment in segmenter.flush():
         if segment.text:
-            out.write(json.dumps({"index": segment.index, "text": segment.text}, ensure_ascii=False) + "\n")
+            write(segment.index, segment.text)
     return 0
 
 
@@ -71,7 +78,9 @@ def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
 
-    segment = sub.add_parser("segment", help="split stdin into steps, one JSON object per line")
+    segment = sub.add_parser(
+        "segment", help="split stdin into steps, one JSON object per line with the kind the step typer gives"
+    )
     segment.set_defaults(func=_segment)
 
     detectors = sub.add_parser("detectors", help="list the detectors")

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.segmenter import segment_text
 
 CHAIN = (
@@ -33,6 +34,21 @@ def test_segment_prints_one_json_object_per_step_like_the_server() -> None:
         "It is 3.5 m long.",
         "1. First item.",
         "The answer is B.",
+    ]
+
+
+def test_segment_prints_the_kind_the_step_typer_gives_each_step() -> None:
+    chain = "Okay, let me look at the chart. The bar for 2020 reaches about 45. So the answer is B."
+    lines = [json.loads(line) for line in run("segment", stdin=CHAIN + "\n" + chain).stdout.splitlines()]
+    assert [line["kind"] for line in lines] == [classify_step(line["text"]).value for line in lines]
+    assert [(line["text"], line["kind"]) for line in lines] == [
+        ("The image shows a red car, e.g. a sedan.", "perception"),
+        ("It is 3.5 m long.", "perception"),
+        ("1. First item.", "reasoning"),
+        ("The answer is B.", "reasoning"),
+        ("Okay, let me look at the chart.", "reasoning"),
+        ("The bar for 2020 reaches about 45.", "perception"),
+        ("So the answer is B.", "reasoning"),
     ]
 
 
