@@ -184,6 +184,33 @@ async def token_figures(lengths: tuple[int, ...] = LENGTHS) -> list[dict[str, An
     return rows
 
 
+def reply_format_figures(n: int = 150) -> dict[str, Any]:
+    """Output tokens per checked sentence of the text reply format against the most compact JSON a
+    guided (json_schema) reply could take, for the same verdicts; counted at 4 characters a token and,
+    where the fixture model is built, by its byte-level BPE tokenizer (a real tokenizer, if a small one)."""
+    sentences = chain_sentences(n, SEED)
+    truth = oracle()
+    texts, jsons = [], []
+    for i in range(1, n + 1):
+        first = i == 1
+        texts.append(truth.reply(sentences[:i], i - 1, describe=first))
+        record: dict[str, Any] = {"description": DESCRIPTION} if first else {}
+        record |= {"types": {str(i): truth.kind(sentences[i - 1]).name}, "faithfulness": "FAITHFUL"}
+        record["first_unfaithful"] = None
+        jsons.append(json.dumps(record, separators=(",", ":")))
+    out: dict[str, Any] = {
+        "chars/4": {"text": sum(map(_tokens, texts)) / n, "json": sum(map(_tokens, jsons)) / n},
+    }
+    tokenizer = Path(__file__).resolve().parents[2] / "var" / "models" / "fixture-vlm" / "tokenizer.json"
+    if tokenizer.exists():
+        from tokenizers import Tokenizer
+
+        bpe = Tokenizer.from_file(str(tokenizer))
+        count = lambda t: len(bpe.encode(t).ids)  # noqa: E731
+        out["fixture BPE"] = {"text": sum(map(count, texts)) / n, "json": sum(map(count, jsons)) / n}
+    return out
+
+
 # ----------------------------------------------------------------------------------------- wall time
 
 
@@ -397,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lengths = tuple(args.lengths)
     timing = Timing(args.token_s, args.judge_fixed_s, args.judge_prefill_s, args.judge_decode_s)
-    out: dict[str, Any] = {"tokens": asyncio.run(token_figures(lengths))}
+    out: dict[str, Any] = {"tokens": asyncio.run(token_figures(lengths)), "reply_formats": reply_format_figures()}
     if args.wall:
         out["wall"] = asyncio.run(wall_figures(timing, args.rounds, args.judge_backend, lengths))
         out["timing"] = {**timing.__dict__, "judge_decode_s": timing.decode_s, "judge_backend": args.judge_backend}
@@ -405,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     _print_tokens(out["tokens"])
+    print("\noutput tokens per checked sentence, 150 sentences, by reply format")
+    for counter, row in out["reply_formats"].items():
+        print(f"  {counter:<12} text {row['text']:6.1f}   json {row['json']:6.1f}")
     if args.wall:
         _print_wall(out["wall"], timing, args.judge_backend)
     return 0
