@@ -86,10 +86,10 @@ class PolicyError(FaithproxyError):
 class ImageRefused(PolicyError):
     """A media URL the proxy will not send on or fetch (checked on every request), or an http(s) image
     the fetch policy refuses or that could not be fetched; raised before anything is sent upstream.
-    `param` names the part where it is known (messages[0].content[1].image_url)."""
+    The message names the image (its part, or its position)."""
 
-    def __init__(self, message: str, *, code: str = "image_refused", param: str = "messages") -> None:
-        super().__init__(message, param=param, code=code)
+    def __init__(self, message: str, *, code: str = "image_refused") -> None:
+        super().__init__(message, param="messages", code=code)
 
 
 class PayloadTooLarge(PolicyError):

@@ -8,7 +8,7 @@ or any internal service. What happens to such a URL is the `image_urls` setting
 - `fetch` (the default): the proxy fetches the image under its SSRF policy (`clients/image_fetch.py`:
   public addresses only, checked after DNS and again on every redirect, size and time limits) and
   sends vLLM, and the judge, the bytes as a data URL. An image the policy refuses or that cannot be
-  fetched is a 400 naming the message and part.
+  fetched is a 400 whose message names the part (`messages[1].content[0].image_url`).
 - `refuse`: an http(s) image URL is a 400; clients must send data URLs.
 - `pass`: URLs go to vLLM as the client sent them. Only for a vLLM started with
   `--allowed-media-domains` (and without `--allowed-local-media-path`), which then enforces its own
@@ -47,11 +47,12 @@ class _MediaURL:
     key: str  # the key under `holder` that holds the URL
 
     @property
-    def param(self) -> str:
+    def where(self) -> str:
         return f"messages[{self.message}].content[{self.part}].{self.kind}"
 
     def refused(self, why: str, *, code: str = "image_refused") -> ImageRefused:
-        return ImageRefused(f"{self.param} ({_short(self.url)}): {why}", code=code, param=self.param)
+        # `param` stays "messages", as for every other image error; the message names the part.
+        return ImageRefused(f"{self.where} ({_short(self.url)}): {why}", code=code)
 
 
 def _media_urls(messages: list[dict[str, Any]]) -> Iterator[_MediaURL]:
