@@ -15,7 +15,6 @@ generation.
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,7 +23,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from faithproxy.clients.sse import SSEDecoder
+from faithproxy.clients.sse import SSEBytesDecoder
 from faithproxy.clients.upstream_http import UpstreamPool
 from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode, UpstreamStatusError
 
@@ -82,24 +81,25 @@ class UpstreamStream:
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
         """Parsed `data:` payloads until `[DONE]`. Malformed JSON, or a chunk whose choices, deltas or
         usage have the wrong types, is an UpstreamError."""
-        decoder = SSEDecoder()
-        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder = SSEBytesDecoder()
         async for data in self.response.iter_raw():
-            for event in decoder.feed(text.decode(data)):
-                if event.strip() == "[DONE]":
+            for event in decoder.feed(data):
+                if event[:1] != b"{" and event.strip() == b"[DONE]":
                     return
                 yield _parse_chunk(event)
-        for event in decoder.feed(text.decode(b"", final=True)) + decoder.flush():
-            if event.strip() == "[DONE]":
+        for event in decoder.flush():
+            if event.strip() == b"[DONE]":
                 return
             yield _parse_chunk(event)
         # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
         raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
 
 
-def _parse_chunk(data: str) -> dict[str, Any]:
+def _parse_chunk(data: bytes | str) -> dict[str, Any]:
     try:
         chunk = json.loads(data)
+    except UnicodeDecodeError:  # not UTF-8: read it as the text decoder would, with replacements
+        return _parse_chunk(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
     except json.JSONDecodeError as exc:
         raise UpstreamError("upstream sent malformed JSON in its stream", code=UpstreamErrorCode.MALFORMED) from exc
     if not isinstance(chunk, dict):
@@ -114,20 +114,25 @@ def _parse_chunk(data: str) -> dict[str, Any]:
 
 
 def _well_shaped(chunk: dict[str, Any]) -> bool:
-    """The parts the proxy reads have the types it expects (the rest is passed on as it is)."""
+    """The parts the proxy reads have the types it expects (the rest is passed on as it is). Plain
+    loops: this runs once per streamed token."""
     choices = chunk.get("choices")
     if choices is not None:
-        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        if not isinstance(choices, list):
             return False
-        if not all(isinstance(c.get("delta"), dict | None) for c in choices):
-            return False
+        for choice in choices:
+            if not isinstance(choice, dict):
+                return False
+            delta = choice.get("delta")
+            if delta is not None and not isinstance(delta, dict):
+                return False
     usage = chunk.get("usage")
     if usage is not None:
         if not isinstance(usage, dict):
             return False
-        counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
-        if not all(isinstance(n, int | None) and not isinstance(n, bool) for n in counts):
-            return False
+        for n in (usage.get("prompt_tokens"), usage.get("completion_tokens")):
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+                return False
     return True
 
 

@@ -59,6 +59,9 @@ class _TagRules:
     leading_junk: re.Pattern[str]
     block_end: re.Pattern[str]
     longest: int
+    # Characters without which no step can end: Punkt's sentence-end characters (and "…", which it
+    # reads as "..."), a newline (every other block end), and the first character of each tag.
+    may_cut: re.Pattern[str]
 
 
 @functools.lru_cache(maxsize=32)
@@ -69,6 +72,7 @@ def _tag_rules(tags: tuple[str, ...]) -> _TagRules:
         leading_junk=re.compile(r"(?:\s+|" + alternatives + r")*"),
         block_end=re.compile("(?:" + alternatives + ")" + _OTHER_BLOCK_ENDS),
         longest=max(len(t) for t in tags),
+        may_cut=re.compile("[" + re.escape(".?!\u2026\n" + "".join(sorted({t[0] for t in tags}))) + "]"),
     )
 
 
@@ -196,13 +200,21 @@ class StepSegmenter:
         # Buffer offset before which no block end can start any more (see `_find_block_end`).
         self._block_scan = 0
         self._at_text_start = True  # nothing emitted since construction or the last flush
+        # Whether the buffer holds a character a step end needs (`_TagRules.may_cut`). Without one no
+        # cut is possible, so most deltas (the words inside a sentence) skip Punkt altogether; with
+        # one, every feed decides as before (a pending period still waits for the next word).
+        self._may_cut = False
 
     def feed(self, text: str) -> list[Segment]:
         if not text:
             return []
         self._buffer += text
+        if not self._may_cut:
+            if self._rules.may_cut.search(text) is None:
+                return []
+            self._may_cut = True
         segments = []
-        while (cut := self._next_cut(final=False)) is not None:
+        while self._may_cut and (cut := self._next_cut(final=False)) is not None:
             segments.append(self._emit(*cut))
         return segments
 
@@ -219,6 +231,7 @@ class StepSegmenter:
         self._resume = 0
         self._block_scan = 0
         self._at_text_start = True
+        self._may_cut = False
         return segments
 
     def _emit(self, content_start: int, end: int) -> Segment:
@@ -229,6 +242,7 @@ class StepSegmenter:
         self._resume = 0
         self._block_scan = 0
         self._at_text_start = False
+        self._may_cut = self._rules.may_cut.search(self._buffer) is not None
         return segment
 
     def _next_cut(self, final: bool) -> tuple[int, int] | None:
