@@ -21,14 +21,22 @@ class Batch:
     labels: torch.Tensor  # [batch, seq] next-token targets aligned with logits (IGNORE elsewhere)
 
 
-def chat_batch(processor: Any, prompts: Sequence[str], images: Sequence[Any], targets: Sequence[str]) -> Batch:
-    """One row per (rendered prompt text, its image, target reply); labels mark the reply and its end."""
+def chat_batch(
+    processor: Any,
+    prompts: Sequence[str],
+    images: Sequence[Any],
+    targets: Sequence[str],
+    end_tokens: Sequence[str] | None = None,
+) -> Batch:
+    """One row per (rendered prompt text, its image, target reply); labels mark the reply and its end,
+    the tokenizer's end-of-sequence token unless `end_tokens` names each row's (GLM ends with `<|user|>`)."""
     tok = processor.tokenizer
     encoded = processor(text=list(prompts), images=list(images), padding=False)
     rows, types, labels = [], [], []
     for i, target in enumerate(targets):
         prompt_ids = list(encoded["input_ids"][i])
-        target_ids = tok(target + tok.eos_token, add_special_tokens=False)["input_ids"]
+        end = end_tokens[i] if end_tokens is not None else tok.eos_token
+        target_ids = tok(target + end, add_special_tokens=False)["input_ids"]
         rows.append(prompt_ids + target_ids)
         types.append(list(encoded["mm_token_type_ids"][i]) + [0] * len(target_ids))
         labels.append([IGNORE] * (len(prompt_ids) - 1) + target_ids + [IGNORE])
