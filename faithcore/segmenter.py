@@ -62,6 +62,8 @@ class _TagRules:
     # Characters without which no step can end: Punkt's sentence-end characters (and "…", which it
     # reads as "..."), a newline (every other block end), and the first character of each tag.
     may_cut: re.Pattern[str]
+    # The block-end part of those: a newline or a tag's first character.
+    may_end_block: re.Pattern[str]
 
 
 @functools.lru_cache(maxsize=32)
@@ -73,10 +75,13 @@ def _tag_rules(tags: tuple[str, ...]) -> _TagRules:
         block_end=re.compile("(?:" + alternatives + ")" + _OTHER_BLOCK_ENDS),
         longest=max(len(t) for t in tags),
         may_cut=re.compile("[" + re.escape(".?!\u2026\n" + "".join(sorted({t[0] for t in tags}))) + "]"),
+        may_end_block=re.compile("[" + re.escape("\n" + "".join(sorted({t[0] for t in tags}))) + "]"),
     )
 
 
 _LIST_MARKER = re.compile(_MARKER + r"[^\S\n]+")
+_SENTENCE_END_CHAR = re.compile("[.?!\u2026]")
+_WORD_THEN_SPACE = re.compile(r"\S\s")
 # One complete word after a cut: Punkt reads no further than the next whitespace-terminated run.
 _LOOKAHEAD = re.compile(r"\s*\S+\s")
 _COMPLETE_RUN = re.compile(r"(?<=\s)\S+(?=\s)")
@@ -200,9 +205,10 @@ class StepSegmenter:
         # Buffer offset before which no block end can start any more (see `_find_block_end`).
         self._block_scan = 0
         self._at_text_start = True  # nothing emitted since construction or the last flush
-        # Whether the buffer holds a character a step end needs (`_TagRules.may_cut`). Without one no
-        # cut is possible, so most deltas (the words inside a sentence) skip Punkt altogether; with
-        # one, every feed decides as before (a pending period still waits for the next word).
+        # Whether the buffer, from where Punkt and the block-end scan still have something to decide,
+        # holds a character a step end needs (`_TagRules.may_cut`). Without one no cut is possible, so
+        # most deltas (the words inside a sentence) skip Punkt altogether; with one, every feed decides
+        # as before (a pending period still waits for the next word).
         self._may_cut = False
 
     def feed(self, text: str) -> list[Segment]:
@@ -213,10 +219,26 @@ class StepSegmenter:
             if self._rules.may_cut.search(text) is None:
                 return []
             self._may_cut = True
+        if not self._cut_possible():
+            return []
         segments = []
         while self._may_cut and (cut := self._next_cut(final=False)) is not None:
             segments.append(self._emit(*cut))
+        if self._may_cut:  # no cut yet: only what Punkt and the block-end scan have not ruled out counts
+            since = min(self._resume, self._block_scan)
+            self._may_cut = self._rules.may_cut.search(self._buffer, since) is not None
         return segments
+
+    def _cut_possible(self) -> bool:
+        """False when no step can end yet, without running Punkt: no newline or tag start is left to
+        decide, and no complete word follows the first undecided sentence-end character (an end
+        outside a block end is emitted only once the word after it is complete)."""
+        buffer, rules = self._buffer, self._rules
+        since = min(self._resume, self._block_scan)
+        if rules.may_end_block.search(buffer, since) is not None:
+            return True
+        end_char = _SENTENCE_END_CHAR.search(buffer, since)
+        return end_char is not None and _WORD_THEN_SPACE.search(buffer, end_char.end()) is not None
 
     def flush(self) -> list[Segment]:
         segments = []
