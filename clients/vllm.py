@@ -96,10 +96,13 @@ class UpstreamStream:
 
 
 def _parse_chunk(data: bytes | str) -> dict[str, Any]:
+    if isinstance(data, bytes):  # decoded here: json.loads would first sniff the encoding of bytes
+        try:
+            data = data.decode()
+        except UnicodeDecodeError:  # not UTF-8: read it as a text decoder would, with replacements
+            data = data.decode("utf-8", "replace")
     try:
         chunk = json.loads(data)
-    except UnicodeDecodeError:  # not UTF-8: read it as the text decoder would, with replacements
-        return _parse_chunk(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
     except json.JSONDecodeError as exc:
         raise UpstreamError("upstream sent malformed JSON in its stream", code=UpstreamErrorCode.MALFORMED) from exc
     if not isinstance(chunk, dict):

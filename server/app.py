@@ -28,6 +28,7 @@ from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
 from faithproxy.server.traces import TraceWriter
+from faithproxy.server.workers import worker_exit
 
 log = logging.getLogger("faithproxy")
 
@@ -143,6 +144,7 @@ def create_app(
             await generator.aclose()
             if fetcher is not None:
                 await fetcher.aclose()
+            worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from typing import Any
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from faithproxy.server.app import create_app
     from faithproxy.server.settings import Settings
 
     overrides = {
@@ -28,6 +29,10 @@ def _serve(args: argparse.Namespace) -> int:
         if v is not None
     }
     settings = Settings(**overrides)
+    if args.workers > 1:
+        return _serve_workers(settings, overrides, args)
+    from faithproxy.server.app import create_app
+
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -35,6 +40,28 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
     )
+    return 0
+
+
+def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Namespace) -> int:
+    """N worker processes (server/workers.py): each builds its app from the environment, where the
+    command line's settings are put first, and keeps its metrics in the shared multiprocess folder."""
+    import uvicorn
+
+    from faithproxy.server.workers import metrics_folder
+
+    for name, value in overrides.items():
+        os.environ[f"FAITHPROXY_{name.upper()}"] = str(value)
+    with metrics_folder():
+        uvicorn.run(
+            "faithproxy.server.app:create_app",
+            factory=True,
+            workers=args.workers,
+            host=settings.host,
+            port=settings.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
     return 0
 
 
@@ -76,6 +103,12 @@ def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     serve.add_argument("--port", type=int)
     serve.add_argument("--traces", help="append one JSON line per request to this file")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (uvicorn's); metrics are added up across them (Prometheus multiprocess mode)",
+    )
     serve.set_defaults(func=_serve)
 
     segment = sub.add_parser(

@@ -89,7 +89,10 @@ class Metrics:
             registry=registry,
         )
         self.in_flight = Gauge(
-            "faithproxy_requests_in_flight", "Chat completion requests being served.", registry=registry
+            "faithproxy_requests_in_flight",
+            "Chat completion requests being served.",
+            registry=registry,
+            multiprocess_mode="livesum",  # serve --workers N: the live workers' values added up
         )
         self.steps = Counter(
             "faithproxy_steps_total",

@@ -12,6 +12,7 @@ bill beside `usage`, so generator and judge tokens read side by side).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ TRACE_SCHEMA_VERSION = 1
 
 
 class TraceWriter:
-    """Appends whole lines under a lock, so concurrent requests never interleave records."""
+    """Appends whole lines, so concurrent requests never interleave records: under a lock within a
+    process, and across processes (`serve --workers N`) as one write(2) per record on an O_APPEND
+    descriptor, which a local filesystem appends whole at the end of the file (not NFS)."""
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
@@ -31,6 +34,12 @@ class TraceWriter:
     def write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
-        line = json.dumps({"version": TRACE_SCHEMA_VERSION, **record}, ensure_ascii=False) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line)
+        line = (json.dumps({"version": TRACE_SCHEMA_VERSION, **record}, ensure_ascii=False) + "\n").encode()
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                written = os.write(fd, line)
+                while written < len(line):  # a regular file takes all at once unless the disk is full
+                    written += os.write(fd, line[written:])
+            finally:
+                os.close(fd)

@@ -10,6 +10,7 @@ from faithproxy.faithcore.errors import UpstreamError
 from faithproxy.server.errors import error_response
 from faithproxy.server.metrics import upstream_error_label
 from faithproxy.server.state import StateDep
+from faithproxy.server.workers import scrape_registry
 
 router = APIRouter()
 
@@ -30,7 +31,8 @@ async def readyz(state: StateDep) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(state: StateDep) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    # Under `serve --workers N`, every worker's samples (server/workers.py).
+    return Response(generate_latest(scrape_registry(state.metrics.registry)), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models", response_model=None)
