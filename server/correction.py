@@ -160,6 +160,9 @@ class Rules:
     on_detector_error: Literal["pass", "fail"] = "pass"
     detector_checks: bool = True  # Detector.checks: False for `none`, whose UNKNOWN is no error
     detector_types_steps: bool = False  # Detector.types_steps: it gets batches without perception steps
+    # The judge gate (Settings.judge_every_step off): a batch in which the step typer found no perception
+    # step goes to no detector, not even one that types steps itself; its steps leave unchecked, `gated`.
+    gate_without_perception: bool = False
     completion_budget: int | None = None  # the client's max_tokens / max_completion_tokens
     # Where the model writes its thinking and how its template renders a partial message (continuations).
     reasoning_format: ReasoningFormat = FORMATS["think"]
@@ -333,10 +336,19 @@ class CorrectionCore:
 
     def _worth_checking(self, steps: list[Step]) -> bool:
         """No call for a batch of whitespace or tool calls, nor for one without a perception step when the
-        detector only looks at those (one that types steps itself is sent everything)."""
+        detector only looks at those. One that types steps itself is sent everything, unless the gate is
+        on: then such a batch goes to nobody, and its steps are marked `gated` (the driver counts them)."""
         if not steps:
             return False
-        return self.rules.detector_types_steps or any(s.kind is StepKind.PERCEPTION for s in steps)
+        if any(s.kind is StepKind.PERCEPTION for s in steps):
+            return True
+        if not self.rules.detector_types_steps:
+            return False
+        if self.rules.gate_without_perception:
+            for step in steps:
+                step.unchecked_reason = "gated"
+            return False
+        return True
 
     def _decide_detect(self) -> None:
         while self._to_check and self._batch is None:

@@ -21,6 +21,11 @@ cache_creation (written to it) and output; faithproxy_judge_calls_total{judge} t
                                    / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
   cache hit share = sum(rate(faithproxy_judge_tokens_total{kind="cached_input"}[5m]))
                   / sum(rate(faithproxy_judge_tokens_total{kind!="output"}[5m]))
+
+The judge gate: faithproxy_gated_steps_total{detector,model} counts steps kept from a detector that types
+steps itself because the step typer found no perception step in their batch.
+
+  gated share = sum(rate(faithproxy_gated_steps_total[5m])) / sum(rate(faithproxy_steps_total[5m]))
 """
 
 from __future__ import annotations
@@ -110,6 +115,13 @@ class Metrics:
             "faithproxy_unchecked_steps_total",
             "Perception steps that got no verdict, by reason.",
             ["detector", "model", "reason"],
+            registry=registry,
+        )
+        self.gated_steps = Counter(
+            "faithproxy_gated_steps_total",
+            "Steps sent to no detector because the step typer found no perception step in their batch, for "
+            "a detector that types steps itself (the judge gate; FAITHPROXY_JUDGE_EVERY_STEP=true turns it off).",
+            ["detector", "model"],
             registry=registry,
         )
         self.regeneration_attempts = Counter(
@@ -258,3 +270,4 @@ class Metrics:
                 self.residual.labels(detector, model, reason)
             for reason in UNCHECKED_REASONS:
                 self.unchecked.labels(detector, model, reason)
+            self.gated_steps.labels(detector, model)

@@ -91,6 +91,7 @@ class ChainSession:
             on_detector_error=self.policy.on_detector_error,
             detector_checks=self.detector.checks,
             detector_types_steps=self.detector.types_steps,
+            gate_without_perception=not self.settings.judge_every_step,
             completion_budget=limit if isinstance(limit, int) else None,
             reasoning_format=self.reasoning_format,
         )
@@ -246,6 +247,8 @@ class ChainSession:
         if step.attempts:
             outcome = "fixed" if step.original_text is not None else "failed"
             m.regeneration_outcomes.labels(outcome, str(step.attempts)).inc()
+        if step.unchecked_reason == "gated":
+            m.gated_steps.labels(detector, model).inc()
         if step.kind is not StepKind.PERCEPTION:
             return
         if detected is Faithfulness.UNKNOWN:

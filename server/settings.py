@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     # free here): past it, perception steps pass unchecked with reason `budget` and the request goes on.
     # None: no limit. X-Faithproxy-Judge-Budget may lower it per request, never raise it.
     judge_budget_tokens: int | None = Field(None, ge=0)
+    # The judge gate. False (the default): a batch in which the step typer (faithcore/kinds.py) finds no
+    # perception step goes to no detector, not even to one that types steps itself (the judge); its steps
+    # pass as reasoning, counted in faithproxy_gated_steps_total. True: such detectors get every batch.
+    judge_every_step: bool = False
 
     judges: list[JudgeConfig] = Field(default_factory=list)
     # Collaborative hint inference (server/hints.py): the judge that writes the hints (any configured

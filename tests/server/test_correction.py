@@ -429,6 +429,53 @@ CORRECT = [
         {"detector_types_steps": True},
     ),
     Case(
+        "the-gate-keeps-a-batch-without-perception-from-a-detector-that-types-steps",
+        [(r("Let me look."), r("So A."), end())],
+        ["start", "step Let me look.", "step So A.", "end stop"],
+        [("Let me look.", "none/none unchecked:gated"), ("So A.", "none/none unchecked:gated")],
+        {"detector_types_steps": True, "gate_without_perception": True},
+    ),
+    Case(
+        "the-gate-sends-a-batch-with-one-perception-step-whole-and-the-detector-retypes-it",
+        [
+            (r("Let me look."), p("The car is red."), end()),
+            Checked([Verdict(Faithfulness.FAITHFUL, "d", kind=R), Verdict(Faithfulness.FAITHFUL, "d", kind=P)]),
+        ],
+        ["start", "check Let me look. | The car is red.", "step Let me look.", "step The car is red.", "end stop"],
+        [("Let me look.", "faithful/faithful"), ("The car is red.", "faithful/faithful")],
+        {"detector_types_steps": True, "gate_without_perception": True},
+    ),
+    Case(
+        "the-gate-passes-reasoning-batches-and-checks-the-perception-one-after",
+        [
+            (r("Let me look."),),
+            (p("The car is red."), end()),
+            verdicts("U"),
+            rewrite("The car is blue."),
+            verdicts("F"),
+        ],
+        [
+            "start",
+            "step Let me look.",
+            "check The car is red.",
+            "drop",
+            "regenerate The car is red. #1",
+            "recheck The car is blue.",
+            "tried #1 fixed",
+            "step The car is blue.",
+            "continue content=' Let me look. The car is blue.'",
+        ],
+        [("Let me look.", "none/none unchecked:gated"), ("The car is blue.", "unfaithful/faithful fixed@1")],
+        {"detector_types_steps": True, "gate_without_perception": True},
+    ),
+    Case(
+        "the-gate-marks-nothing-for-a-detector-that-only-sees-perception-steps",
+        [(r("So A."), end())],
+        ["start", "step So A.", "end stop"],
+        [("So A.", "none/none")],
+        {"gate_without_perception": True},
+    ),
+    Case(
         "trailing-raw-and-extras-keep-their-place",
         [
             (
@@ -583,6 +630,13 @@ DETECT = [
         ],
         ["start", "text[reasoning] 'So A.\\n'", "verdicts So A.", "extra {'tool_calls': []}", "end stop"],
         [("So A.", "none/none")],
+    ),
+    Case(
+        "the-gate-settles-a-reasoning-batch-without-a-call-even-for-a-detector-that-types-steps",
+        [delta(" So A."), r("So A."), p("It is red."), end(), verdicts("F")],
+        ["start", "text ' So A.'", "verdicts So A.", "check It is red.", "verdicts It is red.", "end stop"],
+        [("So A.", "none/none unchecked:gated"), ("It is red.", "faithful/faithful")],
+        {"detector_types_steps": True, "gate_without_perception": True},
     ),
 ]
 
