@@ -15,6 +15,11 @@ Two worlds:
   visible.
 - `fixture`: the tinyvlm fixture model with planted mistakes and an oracle judge (built first if
   missing, a few minutes, seeded).
+
+`--format qwen3|glm|plain` shows a reasoning model's own output format instead (tinyvlm/formats_spec.py):
+the tiny format model served with Qwen3-VL-Thinking's, GLM-4.1V-Thinking's or Qwen2.5-VL's chat template
+and vLLM's reasoning parser for it, the proxy told the format (FAITHPROXY_REASONING_FORMAT), and planted
+mistakes in the thinking and in the answer. Each step is printed with the field it arrived in.
 """
 
 from __future__ import annotations
@@ -58,8 +63,13 @@ def _print_stream(
         extra = (chunk.model_extra or {}).get("faithfulness") or {}
         step = extra.get("step")
         if step:
-            raw = chunk.choices[0].delta.content or ""
-            text = raw.replace("<think>", "").replace("</think>", "").strip()
+            where, raw = _delta_text(chunk)
+            text = raw
+            for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+                text = text.replace(tag, "")
+            text = text.strip()
+            if where != "content":
+                text = f"({where}) {text}"
             if step["regenerated"]:
                 mark = f"FIXED after {step['attempts']} try(s) (was: {step['original_text'].strip()!r})"
             elif step["residual"]:
@@ -69,8 +79,8 @@ def _print_stream(
             fact = truth(text) if truth is not None else None
             facts = "" if fact is None else ("  [truth: true]" if fact else "  [truth: FALSE]")
             print(f"  [{step['index']}] {step['kind']:<10} {text:<52} {mark}{facts}", flush=True)
-        elif chunk.choices and chunk.choices[0].delta.content:
-            print(f"       {chunk.choices[0].delta.content.strip()!r}")
+        elif chunk.choices and _delta_text(chunk)[1].strip():
+            print(f"       {_delta_text(chunk)[1].strip()!r}")
         if "perception_steps" in extra:
             summary = extra
     print(
@@ -78,6 +88,25 @@ def _print_stream(
         f"residual UPR {summary.get('upr_residual', 0):.2f}, regenerations {summary.get('regenerations')}"
     )
     return summary
+
+
+def _delta_text(chunk: Any) -> tuple[str, str]:
+    """(field, text) of a streamed chunk's delta: `content`, or the `reasoning` a reasoning parser split off."""
+    if not chunk.choices:
+        return "content", ""
+    delta = chunk.choices[0].delta
+    for name in ("reasoning", "reasoning_content"):
+        text = (delta.model_extra or {}).get(name)
+        if isinstance(text, str) and text:
+            return name, text
+    return "content", delta.content or ""
+
+
+def _format_questions() -> list[tuple[str, str, str, Any]]:
+    from faithproxy.tinyvlm import fixture_spec as spec
+    from faithproxy.tinyvlm import formats_spec as fs
+
+    return [(name, spec.get(name).question, spec.data_url(name), None) for name in fs.CHAINS]
 
 
 def _fixture_questions() -> list[tuple[str, str, str, Any]]:
@@ -103,7 +132,11 @@ def _shapesworld_questions(count: int) -> list[tuple[str, str, str, Any]]:
 
 @supervised()  # SIGTERM, SIGINT (even when started with it ignored) or a failure: nothing left running
 def run_demo(
-    workdir: str = "var/demo", keep: bool = False, world: str = "shapesworld", questions: int = SHAPESWORLD_QUESTIONS
+    workdir: str = "var/demo",
+    keep: bool = False,
+    world: str = "shapesworld",
+    questions: int = SHAPESWORLD_QUESTIONS,
+    reasoning_format: str | None = None,
 ) -> int:
     from openai import OpenAI
 
@@ -113,7 +146,26 @@ def run_demo(
 
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    if world == "shapesworld":
+    vllm_args: list[str] = []
+    served_name = "fixture-vlm"
+    if reasoning_format is not None:
+        from faithproxy.tinyvlm import formats_spec as fs
+
+        family = fs.FAMILIES[reasoning_format]
+        formats_dir = Path(os.environ.get("FAITHPROXY_FORMATS_MODEL_DIR", "var/models/formats")).resolve()
+        print(f"[demo] format model {family.name}: {formats_dir} (built if missing or stale)", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "faithproxy.tinyvlm.train_formats", "--out", str(formats_dir), "--if-stale"],
+            check=True,
+        )
+        model_dir, served_name, vllm_args = formats_dir / family.name, family.name, family.vllm_args()
+        print(f"[demo] vLLM flags: {' '.join(vllm_args)}; FAITHPROXY_REASONING_FORMAT={family.reasoning_format}")
+        oracle = work / "oracle.json"
+        oracle.write_text(json.dumps(fs.oracle_json()))
+        judge_args = ["--oracle", str(oracle)]
+        asked = _format_questions()
+        proxy_env = {"FAITHPROXY_REGENERATION_TEMPERATURE": "0", "FAITHPROXY_REASONING_FORMAT": family.reasoning_format}
+    elif world == "shapesworld":
         from faithproxy.shapesworld.model import WEIGHTS_DIR
 
         model_dir = WEIGHTS_DIR.resolve()
@@ -137,7 +189,7 @@ def run_demo(
     started: list[Child] = []
     try:
         print("[demo] starting vLLM on CPU ...", flush=True)
-        vllm = start_vllm(model_dir, log_path=work / "vllm.log")
+        vllm = start_vllm(model_dir, extra_args=vllm_args, served_model_name=served_name, log_path=work / "vllm.log")
         started.append(vllm.child)
         judge_port, proxy_port = free_port(), free_port()
         judge_argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(judge_port)]
@@ -211,6 +263,19 @@ def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="shapesworld: the committed model's own mistakes, pixel judge; fixture: planted mistakes, oracle",
     )
     demo.add_argument("--questions", type=int, default=5, help="shapesworld: how many held-out questions")
+    demo.add_argument(
+        "--format",
+        choices=["qwen3", "glm", "plain"],
+        default=None,
+        help="a reasoning model's output format instead of a world: Qwen3-VL-Thinking, GLM-4.1V-Thinking or "
+        "Qwen2.5-VL/ThinkLite-VL (the tiny format model with that family's template and vLLM parser)",
+    )
     demo.set_defaults(
-        func=lambda args: run_demo(workdir=args.workdir, keep=args.keep, world=args.world, questions=args.questions)
+        func=lambda args: run_demo(
+            workdir=args.workdir,
+            keep=args.keep,
+            world=args.world,
+            questions=args.questions,
+            reasoning_format=args.format,
+        )
     )
