@@ -1,16 +1,22 @@
 """Fuzzing: schemathesis against the proxy's own OpenAPI schema, and hypothesis on the parsers a
 request or an upstream reply goes through.
 
-The schemathesis run is bounded (a fixed number of generated cases, each sent in three variants) and
-goes through the whole app in-process with a MockTransport vLLM that fails on purpose for some seeds.
-The property: no 5xx and no error frame except for the requests whose upstream failure was injected
-(then only upstream errors), and every event stream ends with `data: [DONE]`.
+The schemathesis run is bounded: a fixed number of generated cases, each sent in twelve variants (three
+modes, annotated or not, streamed as generated or not): 10,800 requests, about a minute on the 2-core
+machine. They go through the whole app in-process (the ASGI app called directly on one event loop: no
+sockets, no network; generated image URLs are refused rather than fetched) with a MockTransport vLLM
+that fails on purpose for some seeds. The property: no 5xx and no error frame except for the requests
+whose upstream failure was injected (then only upstream errors), and every event stream ends with
+`data: [DONE]`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -65,11 +71,15 @@ class FlakyVLLM(MockVLLM):
 
 
 APP = create_app(
-    Settings(upstream_url="http://vllm.test", default_detector="none", max_tokens_cap=4096),
+    # refuse: a generated http(s) image URL is a 400, never a fetch: the fuzzing touches no network
+    Settings(upstream_url="http://vllm.test", default_detector="none", max_tokens_cap=4096, image_urls="refuse"),
     upstream_transport=FlakyVLLM().transport(),
 )
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
-CASES = {GenerationMode.POSITIVE: 700, GenerationMode.NEGATIVE: 400}
+# Generated cases per mode; each is sent in len(VARIANTS) variants: 10,800 requests per run, in about a
+# minute on the 2-core CI machine (generating a case costs more than sending it, so cases are reused).
+CASES = {GenerationMode.POSITIVE: 600, GenerationMode.NEGATIVE: 300}
+MIN_REQUESTS = 10_000
 # Bounded and reproducible: a fixed seed, and no shrinking (a failure prints its reproduce_failure blob).
 FUZZ_SETTINGS = settings(
     deadline=None,
@@ -79,6 +89,92 @@ FUZZ_SETTINGS = settings(
     print_blob=True,
     phases=[Phase.explicit, Phase.generate],
 )
+
+
+@dataclass
+class Answer:
+    """A response of the app, called in-process."""
+
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class InProcess:
+    """Calls the ASGI app directly on one event loop kept for the whole run (lifespan entered once): no
+    sockets, no HTTP client, about a millisecond a request instead of schemathesis's five."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self._lifespan = app.router.lifespan_context(app)
+        self.loop.run_until_complete(self._lifespan.__aenter__())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
+        self.loop.close()
+
+    def call(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
+        return self.loop.run_until_complete(self._call(method, path, headers, body))
+
+    async def _call(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
+        raw_headers = [(b"host", b"testserver"), (b"content-length", str(len(body)).encode())]
+        raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": raw_headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("testserver", 80),
+        }
+        sent = False
+        done = asyncio.Event()
+        status, out_headers, parts = 500, {}, []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await done.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, out_headers
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                out_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in message.get("headers", [])}
+            elif message["type"] == "http.response.body":
+                parts.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    done.set()
+
+        await self.app(scope, receive, send)
+        done.set()
+        return Answer(status, out_headers, b"".join(parts))
+
+
+@pytest.fixture(scope="module")
+def app_in_process() -> Iterator[InProcess]:
+    driver = InProcess(APP)
+    try:
+        yield driver
+    finally:
+        driver.close()
 
 
 def injected(body: Any) -> bool:
@@ -98,7 +194,7 @@ def check(response: Any, failing: bool, seen: Counter[str]) -> None:
         error = response.json()["error"]
         assert error.get("type") == "upstream_error" or INJECTED in str(error.get("message")), error
         seen["injected_5xx"] += 1
-    if (response.headers.get("content-type") or [""])[0].startswith("text/event-stream"):
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
         data = frames(response.text)
         assert data and data[-1] == "[DONE]", response.text[-300:]
         for payload in data[:-1]:
@@ -108,18 +204,40 @@ def check(response: Any, failing: bool, seen: Counter[str]) -> None:
                 seen["injected_error_frames"] += 1
 
 
-def variants(case: Any) -> list[dict[str, str]]:
-    """The same generated case as generated, in off mode, and in detect mode."""
-    headers = dict(case.headers or {})
-    return [
-        headers,
-        {**headers, "x-faithproxy-mode": "off"},
-        {**headers, "x-faithproxy-mode": "detect", "x-faithproxy-detector": "none"},
-    ]
+MODES = [
+    {},  # the server's default mode (correct, detector none)
+    {"x-faithproxy-mode": "off"},
+    {"x-faithproxy-mode": "detect", "x-faithproxy-detector": "none"},
+]
+VARIANTS = [
+    (mode, annotate, flip)
+    for mode in MODES
+    for annotate in ({}, {"x-faithproxy-annotate": "false"})
+    for flip in (False, True)
+]
+
+
+def variants(kwargs: dict[str, Any]) -> Iterator[tuple[dict[str, str], bytes, Any]]:
+    """One generated request as (headers, body bytes, body) in every mode, annotated or not, streamed as
+    generated and the other way round (a body that is no JSON object stays as it is)."""
+    base = {k: v for k, v in dict(kwargs.get("headers") or {}).items() if k.lower() != "content-length"}
+    if "json" in kwargs:
+        body = kwargs["json"]
+        content = json.dumps(body).encode()
+    else:
+        body, content = None, kwargs.get("data") or b""
+        content = content.encode() if isinstance(content, str) else content
+    for mode, annotate, flip in VARIANTS:
+        headers = {**base, **mode, **annotate}
+        if flip and isinstance(body, dict):
+            flipped = {**body, "stream": body.get("stream") is not True}
+            yield headers, json.dumps(flipped).encode(), flipped
+        else:
+            yield headers, content, body
 
 
 @pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
-def test_schemathesis_chat_completions(mode: GenerationMode) -> None:
+def test_schemathesis_chat_completions(mode: GenerationMode, app_in_process: InProcess) -> None:
     operation = SCHEMA["/v1/chat/completions"]["POST"]
     seen: Counter[str] = Counter()
 
@@ -127,15 +245,31 @@ def test_schemathesis_chat_completions(mode: GenerationMode) -> None:
     @settings(FUZZ_SETTINGS, max_examples=CASES[mode])
     def run(case: Any) -> None:
         seen["cases"] += 1
-        for headers in variants(case):
-            check(case.call(headers=headers), injected(case.body), seen)
+        kwargs = case.as_transport_kwargs()
+        for headers, content, body in variants(kwargs):
+            answer = app_in_process.call(kwargs["method"], kwargs["url"], headers, content)
+            check(answer, injected(body), seen)
             seen["requests"] += 1
 
     run()
     print(f"schemathesis {mode.value}: {dict(seen)}")
-    assert seen["requests"] >= 2 * CASES[mode]
+    assert seen["requests"] == len(VARIANTS) * seen["cases"] >= len(VARIANTS) * CASES[mode] * 0.9
     if mode is GenerationMode.POSITIVE:
         assert seen["2xx"] > seen["requests"] // 10  # the grammar does reach the upstream
+
+
+def test_a_run_sends_at_least_ten_thousand_requests() -> None:
+    assert len(VARIANTS) * sum(CASES.values()) >= MIN_REQUESTS
+
+
+def test_the_in_process_driver_answers_like_the_http_server(app_in_process: InProcess) -> None:
+    """The driver the fuzzing uses gives what a client over HTTP gets (same status, type and bytes)."""
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    answer = app_in_process.call("POST", "/v1/chat/completions", {"x-faithproxy-mode": "off"}, body)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    assert frames(answer.text)[-1] == "[DONE]" and answer.headers["x-faithproxy-mode"] == "off"
+    bad = app_in_process.call("POST", "/v1/chat/completions", {}, b"{nope")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
 
 
 @pytest.mark.parametrize(
