@@ -69,7 +69,13 @@ def start_upstream(workdir: Path, chunks: int) -> Target:
 
 
 def start_faithproxy(
-    workdir: Path, upstream: str, max_concurrent: int, *, name: str = "faithproxy", site: Path | None = None
+    workdir: Path,
+    upstream: str,
+    max_concurrent: int,
+    *,
+    name: str = "faithproxy",
+    site: Path | None = None,
+    workers: int = 1,
 ) -> Target:
     """`faithproxy serve` in off mode. `site`: run another copy of faithproxy, installed there (e.g. the
     code before a change: `pip install --no-deps --target SITE CHECKOUT`), raced as its own target."""
@@ -88,7 +94,7 @@ def start_faithproxy(
         env["PYTHONPATH"] = str(site)
         head, cwd = [sys.executable, "-m", "faithproxy.cli"], workdir
     argv = head + ["serve", "--upstream", upstream, "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--log-level", "warning"]
+    argv += ["--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
     return Target(name, f"http://127.0.0.1:{port}", spawn(argv, log, name=name, env=env, cwd=cwd))
 
 

@@ -1,0 +1,364 @@
+"""Proxy CPU per completion token, per mode, in front of real vLLM.
+
+    .venv/bin/python -m faithproxy.benchmarks.performance.cpu_per_token [--requests 64 --concurrency 8 \\
+        --baseline SITE --json out.json]
+
+vLLM (CPU) serves the ShapesWorld model (shapesworld/model/weights; `--model-dir` for another, e.g. the
+fixture model var/models/fixture-vlm; `--vllm-url` for one already running); the local judge
+(benchmarks/standins/judge_server.py, `--shapesworld`: it reads the image's pixels) runs in its own
+process, and so does each proxy (`faithproxy serve`), so the CPU time of a proxy's process is the
+proxy's own: the judge's work is not in it, the judge client's (building prompts, the SDK, parsing
+replies) is.
+
+Configurations, each `--requests` ShapesWorld held-out questions with their image at `--concurrency`,
+streamed and not: `off`; `correct` with detector `none` (the whole correction loop, no checks);
+`correct` with the judge; `detect` with the judge. Between batches the proxy's user+system CPU time is
+read (psutil, or /proc); a configuration's figure is that CPU time over the completion tokens its
+responses report (`usage`: every round's tokens, regenerations' rounds included). The judge client's
+share is reported separately: judge-mode CPU per token minus `correct`/`none`'s, and per judge call.
+Batches run in rounds of `--rounds`, the order of configurations rotating, so drift hits all alike.
+
+`--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
+<checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after
+in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from faithproxy.benchmarks.performance.overhead_client import cpu_seconds
+from faithproxy.tinyvlm import processes
+
+GOALS_US = {("off", True): 60.0, ("correct", True): 150.0}  # µs of proxy CPU per streamed token
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: str
+    detector: str
+    stream: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}/{self.detector} {'stream' if self.stream else 'non-stream'}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-faithproxy-mode": self.mode, "x-faithproxy-detector": self.detector}
+
+    @property
+    def uses_judge(self) -> bool:
+        return self.detector == "judge"
+
+
+CONFIGS = [
+    Config(mode, detector, stream)
+    for mode, detector in (("off", "none"), ("correct", "none"), ("correct", "judge"), ("detect", "judge"))
+    for stream in (True, False)
+]
+
+
+@dataclass
+class Tally:
+    cpu_s: float = 0.0
+    tokens: int = 0
+    requests: int = 0
+    errors: int = 0
+    judge_calls: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def per_token_us(self) -> float | None:
+        return round(self.cpu_s / self.tokens * 1e6, 1) if self.tokens else None
+
+
+@dataclass
+class Proxy:
+    name: str
+    url: str
+    child: processes.Child
+
+
+def questions(count: int) -> list[tuple[str, str]]:
+    """(question, image data URL) pairs: ShapesWorld held-out items."""
+    from faithproxy.shapesworld.model.evaluate import data_url
+    from faithproxy.shapesworld.model.scoring import heldout_items
+
+    return [(item.question.prompt, data_url(item.scene)) for item in heldout_items(count)]
+
+
+def request_body(model: str, question: str, image: str, stream: bool, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": stream,
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": question}],
+            }
+        ],
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def one(http: httpx.AsyncClient, url: str, config: Config, body: dict[str, Any]) -> tuple[int, str | None]:
+    """Completion tokens of one request (from `usage`), or the error that replaced them."""
+    try:
+        if not config.stream:
+            response = await http.post(f"{url}/v1/chat/completions", json=body, headers=config.headers)
+            if response.status_code != 200:
+                return 0, f"HTTP {response.status_code}: {response.text[:200]}"
+            return int(response.json()["usage"]["completion_tokens"]), None
+        tokens, done = 0, False
+        async with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=config.headers) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return 0, f"HTTP {response.status_code}: {response.text[:200]}"
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return 0, f"error frame: {str(chunk['error'])[:200]}"
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"]["completion_tokens"])
+        return (tokens, None) if done else (0, "stream ended without [DONE]")
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"[:200]
+
+
+async def batch(
+    http: httpx.AsyncClient, proxy: Proxy, config: Config, bodies: Sequence[dict[str, Any]], concurrency: int
+) -> Tally:
+    """The bodies through one proxy at `concurrency`; the proxy's CPU time over the batch."""
+    pending = list(bodies)
+    tally = Tally()
+
+    async def worker() -> None:
+        while pending:
+            body = pending.pop()
+            tokens, error = await one(http, proxy.url, config, body)
+            tally.requests += 1
+            tally.tokens += tokens
+            if error is not None:
+                tally.errors += 1
+                if len(tally.examples) < 3:
+                    tally.examples.append(error)
+
+    before = cpu_seconds(proxy.child.process.pid)
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.sleep(0.2)  # the proxy writes traces and counts after the last byte
+    tally.cpu_s = cpu_seconds(proxy.child.process.pid) - before
+    return tally
+
+
+async def judge_requests(http: httpx.AsyncClient, judge_url: str) -> int:
+    return int((await http.get(f"{judge_url}/_stats")).json()["requests"])
+
+
+async def measure(
+    proxies: list[Proxy], judge_url: str, model: str, args: argparse.Namespace
+) -> dict[str, dict[str, Tally]]:
+    asked = questions(max(args.requests, 16))
+    per_round = max(1, args.requests // args.rounds)
+    tallies = {p.name: {c.name: Tally() for c in CONFIGS} for p in proxies}
+    limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=args.concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
+        warm = [request_body(model, q, i, True, args.max_tokens) for q, i in asked[:4]]
+        for proxy in proxies:  # caches, connections, lazily loaded modules
+            for config in CONFIGS:
+                await batch(http, proxy, config, warm[:2], 2)
+        for r in range(args.rounds):
+            print(f"round {r + 1}/{args.rounds} ...", file=sys.stderr, flush=True)
+            start = r * per_round
+            chosen = [asked[(start + k) % len(asked)] for k in range(per_round)]
+            order = CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]
+            for config in order:
+                bodies = [request_body(model, q, i, config.stream, args.max_tokens) for q, i in chosen]
+                for proxy in proxies if r % 2 == 0 else list(reversed(proxies)):
+                    calls_before = await judge_requests(http, judge_url)
+                    got = await batch(http, proxy, config, bodies, args.concurrency)
+                    got.judge_calls = await judge_requests(http, judge_url) - calls_before
+                    total = tallies[proxy.name][config.name]
+                    total.cpu_s += got.cpu_s
+                    total.tokens += got.tokens
+                    total.requests += got.requests
+                    total.errors += got.errors
+                    total.judge_calls += got.judge_calls
+                    total.examples += got.examples[: 3 - len(total.examples)]
+    return tallies
+
+
+def report(tallies: dict[str, dict[str, Tally]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for proxy, by_config in tallies.items():
+        rows: dict[str, Any] = {}
+        for config in CONFIGS:
+            t = by_config[config.name]
+            row: dict[str, Any] = {
+                "cpu_us_per_token": t.per_token_us(),
+                "tokens": t.tokens,
+                "requests": t.requests,
+                "tokens_per_request": round(t.tokens / t.requests, 1) if t.requests else None,
+                "errors": t.errors,
+            }
+            if t.examples:
+                row["error_examples"] = t.examples
+            if config.uses_judge:
+                base = by_config[Config("correct", "none", config.stream).name].per_token_us()
+                mine = t.per_token_us()
+                row["judge_calls"] = t.judge_calls
+                if base is not None and mine is not None:
+                    row["judge_client_us_per_token"] = round(mine - base, 1)
+                    if t.judge_calls:
+                        row["judge_client_ms_per_call"] = round((mine - base) * t.tokens / t.judge_calls / 1000, 3)
+            goal = GOALS_US.get((config.mode, config.stream))
+            if goal is not None and config.detector == "none" and row["cpu_us_per_token"] is not None:
+                row["goal_us"] = goal
+                row["goal_met"] = row["cpu_us_per_token"] <= goal
+            rows[config.name] = row
+        out[proxy] = rows
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    proxies = list(result["proxies"])
+    head = ["configuration", *(f"{p} µs/token" for p in proxies), "tokens/request", "judge share µs/token"]
+    rows = [head]
+    for config in CONFIGS:
+        first = result["proxies"][proxies[0]][config.name]
+        share = first.get("judge_client_us_per_token")
+        rows.append(
+            [
+                config.name,
+                *(str(result["proxies"][p][config.name]["cpu_us_per_token"]) for p in proxies),
+                str(first["tokens_per_request"]),
+                "–" if share is None else f"{share} ({first.get('judge_client_ms_per_call')} ms/call)",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) for row in rows]
+    for proxy in proxies:
+        for name, row in result["proxies"][proxy].items():
+            if row["errors"]:
+                lines.append(f"{proxy} {name}: {row['errors']} errors, e.g. {row.get('error_examples')}")
+            if "goal_met" in row:
+                lines.append(f"goal {proxy} {name} <= {row['goal_us']} µs/token: {row['goal_met']}")
+    return "\n".join(lines)
+
+
+def _judges(judge_url: str) -> str:
+    return json.dumps(
+        [{"name": "bench", "backend": "anthropic", "model": "bench", "base_url": judge_url, "api_key": "x"}]
+    )
+
+
+def start_proxy(name: str, upstream: str, judge_url: str, workdir: Path, site: Path | None) -> Proxy:
+    port = processes.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAITHPROXY_")}
+    env |= {"FAITHPROXY_JUDGES": _judges(judge_url), "FAITHPROXY_MAX_CONCURRENT_REQUESTS": "512"}
+    cwd = None
+    if site is not None:  # another installed copy first on the path, the repo's folders not on it
+        env["PYTHONPATH"], cwd = str(site), workdir
+    argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--upstream", upstream, "--port", str(port)]
+    child = processes.spawn([*argv, "--log-level", "warning"], workdir / f"{name}.log", name=name, env=env, cwd=cwd)
+    return Proxy(name, f"http://127.0.0.1:{port}", child)
+
+
+@processes.supervised()  # a signal or a failure stops every server started inside
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-cpu-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started: list[processes.Child] = []
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    try:
+        url = args.vllm_url
+        if url is None:
+            from faithproxy.tinyvlm.serve import start_vllm
+
+            model_dir = args.model_dir
+            if model_dir is None:
+                from faithproxy.shapesworld.model import WEIGHTS_DIR
+
+                model_dir = WEIGHTS_DIR
+            print(f"starting vLLM ({model_dir}) ...", file=sys.stderr, flush=True)
+            vllm = start_vllm(model_dir, log_path=workdir / "vllm.log")
+            started.append(vllm.child)
+            url = vllm.base_url
+        model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
+        judge_port = processes.free_port()
+        judge_argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(judge_port)]
+        judge = processes.spawn([*judge_argv, "--shapesworld"], workdir / "judge.log", name="judge")
+        started.append(judge)
+        judge_url = f"http://127.0.0.1:{judge_port}"
+        proxies = [start_proxy("faithproxy", url, judge_url, workdir, None)]
+        if args.baseline:
+            site = Path(args.baseline).resolve()
+            proxies.append(start_proxy("faithproxy-before", url, judge_url, workdir, site))
+        started += [p.child for p in proxies]
+        judge.wait_healthy(f"{judge_url}/_stats", 60)
+        for proxy in proxies:
+            proxy.child.wait_healthy(f"{proxy.url}/readyz", 60)
+        started_at = time.perf_counter()
+        tallies = asyncio.run(measure(proxies, judge_url, model, args))
+        wall = time.perf_counter() - started_at
+    finally:
+        processes.stop_all(started)
+    return {
+        "proxies": report(tallies),
+        "config": {k: v for k, v in vars(args).items() if k not in ("json", "workdir")} | {"model": model},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "wall_s": round(wall, 1),
+        },
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.performance.cpu_per_token", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--requests", type=int, default=64, help="requests per configuration (and proxy)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2, help="the requests are split over this many rounds")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--model-dir", help="default: the ShapesWorld model (shapesworld/model/weights)")
+    parser.add_argument("--vllm-url", help="an already running vLLM (then --model-dir is not used)")
+    parser.add_argument("--baseline", metavar="SITE", help="also measure the faithproxy installed in SITE")
+    parser.add_argument("--workdir", help="logs (default: a temporary folder)")
+    parser.add_argument("--json", help="write every figure here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = run(args)
+    print(render(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
