@@ -140,11 +140,11 @@ class ChatServing:
         try:
             item: Emit | None = first
             while item is not None:
-                for obj in self._chunks_for(item, chunks):
+                for data in self._frames_for(item, chunks):
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - self.started
                         self.state.metrics.ttft.labels(self.policy.mode).observe(self.ttft)
-                    yield frame(obj)
+                    yield data
                 item = await anext(events, None)
             stream_options = self.body.get("stream_options") or {}
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
@@ -167,20 +167,24 @@ class ChatServing:
             await _aclose(events)
             self._finish()
 
-    def _chunks_for(self, item: Emit, chunks: ChunkFactory) -> list[dict[str, Any]]:
+    def _frames_for(self, item: Emit, chunks: ChunkFactory) -> list[bytes]:
         annotate = self.policy.annotate
         if isinstance(item, EmitText):
             self.answer[item.field] = self.answer.get(item.field, "") + item.text
-            extra = {"faithfulness": {"step": step_annotation(item.step)}} if annotate and item.step else None
-            return [chunks.chunk({item.field: item.text}, extra=extra)]
+            if not (annotate and item.step):  # detect mode's per-token deltas: only the text is encoded
+                return [chunks.text_frame(item.field, item.text)]
+            extra = {"faithfulness": {"step": step_annotation(item.step)}}
+            return [frame(chunks.chunk({item.field: item.text}, extra=extra))]
         if isinstance(item, EmitExtra):
-            return [chunks.chunk(item.delta)]
+            return [frame(chunks.chunk(item.delta))]
         if isinstance(item, EmitVerdicts):
             if not annotate:
                 return []
-            return [chunks.chunk({}, extra={"faithfulness": {"verdicts": [step_annotation(s) for s in item.steps]}})]
+            verdicts = {"faithfulness": {"verdicts": [step_annotation(s) for s in item.steps]}}
+            return [frame(chunks.chunk({}, extra=verdicts))]
         assert isinstance(item, EmitEnd)
-        return [chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra={"faithfulness": self._summary()})]
+        end = chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra={"faithfulness": self._summary()})
+        return [frame(end)]
 
     # ---- non-stream ---------------------------------------------------------------------------
 

@@ -21,6 +21,18 @@ class ChunkFactory:
         self.model = model
         self.created = int(time.time())
         self._sent_role = False
+        # A plain text delta's frame is this prefix, the delta, this suffix: detect mode sends one per
+        # token, and only the delta needs encoding (the bytes equal frame(self.chunk(delta))).
+        head = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
+        self._text_head = frame(head)[: -len(b"}\n\n")] + b',"choices":[{"index":0,"delta":'
+        self._text_tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def text_frame(self, field: str, text: str) -> bytes:
+        """The frame of a chunk whose delta is `{field: text}`, with no finish reason and no extra."""
+        if not self._sent_role:
+            return frame(self.chunk({field: text}))
+        delta = json.dumps({field: text}, ensure_ascii=False, separators=(",", ":")).encode()
+        return self._text_head + delta + self._text_tail
 
     def chunk(
         self, delta: dict[str, Any], *, finish_reason: str | None = None, extra: dict[str, Any] | None = None

@@ -33,3 +33,10 @@ def test_frames_decode_back() -> None:
         "code": "timeout",
     }
     assert events[2] == "[DONE]"
+
+
+def test_a_text_frame_is_the_bytes_of_the_chunk_it_stands_for() -> None:
+    fast, slow = ChunkFactory("chatcmpl-1", 'm "quoted" \u00e9'), ChunkFactory("chatcmpl-1", 'm "quoted" \u00e9')
+    slow.created = fast.created  # fast built its prefix with its own
+    for field, text in [("content", "A."), ("reasoning", ' "q" caf\u00e9\n\ndata: x'), ("content", "")]:
+        assert fast.text_frame(field, text) == frame(slow.chunk({field: text}))
