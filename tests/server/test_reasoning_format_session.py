@@ -79,6 +79,14 @@ async def test_qwen3_cut_inside_the_thinking_is_closed_as_its_template_would() -
     assert bodies[1]["messages"][-1] == {"role": "assistant", "content": "I see a car. The car is red.\n</think>\n\n"}
 
 
+async def test_the_legacy_reasoning_content_name_is_kept() -> None:
+    # Older vLLM versions name the field `reasoning_content`: the client hears the name vLLM used.
+    first = sse([{"reasoning_content": "I see a car."}, {"reasoning_content": f" {BAD} It is parked.\n"}], USAGE)
+    second = sse([{"reasoning_content": "The car is red."}], USAGE)
+    events, _ = await run([first, second], "qwen3")
+    assert fields(events) == {"reasoning_content": "I see a car. The car is red.\n", "content": "\n\nThe car is red."}
+
+
 async def test_qwen3_cut_in_the_answer_is_continued_as_answer_text() -> None:
     first = sse([{"reasoning": "I see a car.\n"}, {"content": f"\n\n{BAD} So it is blue."}], USAGE)
     second = sse([{"reasoning": " So it is red."}], USAGE)
