@@ -44,7 +44,8 @@ class Continuation:
     did not write it (the think block closed by the template); it goes to the client and into the
     accepted text as if the model had written it. `content`: the partial assistant message's content.
     `in_answer`: the next round starts after the think block, so all its text is answer text, whatever
-    field vLLM's parser (which starts every stream inside the thinking) puts it in.
+    field a reasoning parser puts it in (one that starts every stream inside the thinking would say
+    `reasoning`).
     """
 
     content: str

@@ -67,8 +67,9 @@ class RoundReader:
     """Reads `body` as a stream and puts Items on `queue`, numbering steps from `first_index`.
 
     `tags`: the markers that bound steps (the reasoning format's). `in_answer`: the round continues a
-    chain after its think block, so every text field is answer text: vLLM's reasoning parser starts each
-    stream inside the thinking and would put the whole answer in `reasoning`.
+    chain after its think block, so every text field is answer text: vLLM 0.32's parsers read that from
+    the prompt, but a parser that starts every stream inside the thinking would put the answer in
+    `reasoning`.
     """
 
     generator: VLLMClient

@@ -65,8 +65,8 @@ def fields(events: list[Any]) -> dict[str, str]:
 async def test_qwen3_cut_inside_the_thinking_is_closed_as_its_template_would() -> None:
     # The generation prompt opened <think>: the parser streams the thinking with no marker at all.
     first = sse([{"reasoning": "I see a car."}, {"reasoning": f" {BAD} It is parked.\n"}], USAGE)
-    # The template closed the block after the accepted text, but vLLM's qwen3 parser starts every stream
-    # inside the thinking: it puts the answer in `reasoning`.
+    # The template closed the block after the accepted text; a parser that starts every stream inside the
+    # thinking (vLLM 0.32's reads the prompt instead) puts the answer in `reasoning`: it is answer text.
     second = sse([{"reasoning": "The car is red."}], USAGE)
     events, bodies = await run([first, second], "qwen3")
     assert texts(events) == [
