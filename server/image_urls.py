@@ -61,7 +61,7 @@ def _media_urls(messages: list[dict[str, Any]]) -> Iterator[_MediaURL]:
         if not isinstance(content, list):
             continue
         for p, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in _MEDIA_PARTS:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str) or part["type"] not in _MEDIA_PARTS:
                 continue
             kind = part["type"]
             spec = part.get(kind)

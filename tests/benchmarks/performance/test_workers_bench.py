@@ -22,4 +22,5 @@ def test_workers_script_end_to_end(tmp_path: Path) -> None:
     for by_proxy in figures.values():
         assert set(by_proxy) == {"1 worker", "2 workers"}
         for f in by_proxy.values():
-            assert f["errors"] == 0 and f["rps_median"] > 0 and f["proxy_cpu_ms_per_request"] > 0
+            # CPU time comes in 10 ms ticks: a window this small may read 0
+            assert f["errors"] == 0 and f["rps_median"] > 0 and f["proxy_cpu_ms_per_request"] >= 0
