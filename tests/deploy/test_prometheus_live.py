@@ -31,6 +31,8 @@ from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.detectors.registry import DETECTORS
+from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.types import StepKind
 from faithproxy.server.app import create_app
 from faithproxy.tinyvlm import fixture_spec as spec
@@ -44,13 +46,18 @@ RULE_WINDOW_S = 300  # the rules' [5m]
 TRAFFIC_BUDGET_S = RULE_WINDOW_S - 30  # traffic + scrapes must fit the rules' window for exact figures
 
 
-def perception_steps(fixture: str, corrected: bool = False) -> int:
-    """Perception sentences of the chain the client gets (corrected: with the planted one rewritten)."""
+def perception_steps(fixture: str, corrected: bool = False, typed_by_proxy: bool = False) -> int:
+    """Perception sentences of the chain the client gets (corrected: with the planted one rewritten).
+
+    A detector that types steps itself (the oracle judge) counts the chain's own kinds; under any other
+    the proxy's step typer decides, so its kinds are what the summary and the metrics count."""
     f = spec.get(fixture)
     sentences = list(f.chain)
     if corrected:
         assert f.planted is not None and f.correction is not None
         sentences = [*f.chain[: f.planted], f.correction.sentence, *f.correction.rest]
+    if typed_by_proxy:
+        return sum(classify_step(s.text) is StepKind.PERCEPTION for s in sentences)
     return sum(s.kind is StepKind.PERCEPTION for s in sentences)
 
 
@@ -70,7 +77,8 @@ class Sent:
 
     @property
     def perception(self) -> int:
-        return perception_steps(self.fixture, self.corrected)
+        typed_by_proxy = self.detector is not None and not DETECTORS.resolve(self.detector).types_steps
+        return perception_steps(self.fixture, self.corrected, typed_by_proxy)
 
 
 P_GREEN = perception_steps("green_circle")
