@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from faithproxy.detectors.judge_prompt import parse_judge_reply, parse_judge_prompt_details
+from faithproxy.detectors.judge_prompt import parse_judge_prompt_details, parse_judge_reply
 from faithproxy.faithcore.errors import DetectorError
 from faithproxy.shapesworld.claims import check_chain
 from faithproxy.shapesworld.dataset import generate_items
@@ -209,7 +209,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         losses.append(loss.item())
         since += time.monotonic() - tick
         if step % 50 == 0:
-            print(f"step {step} loss {sum(losses) / len(losses):.4f} wall {time.monotonic() - started:.0f}s", flush=True)
+            mean = sum(losses) / len(losses)
+            print(f"step {step} loss {mean:.4f} wall {time.monotonic() - started:.0f}s", flush=True)
             losses = []
         done = time.monotonic() - started >= args.minutes * 60 or (args.max_steps and step >= args.max_steps)
         if since >= args.checkpoint_minutes * 60 or done:
