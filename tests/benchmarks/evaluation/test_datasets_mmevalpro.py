@@ -1,12 +1,12 @@
 """MMEvalPro: the Parquet release layout and the official auto_score.py rules.
 
-The scoring checks run on 90 rows of the official demo outputs (demo_model_output.json, real rows: 10
-triplets of each source; data/README.md). Every expected figure below is counted by hand from those rows
-with auto_score.py's rules: right = `answer == model_output`; per source and over all rows; genuine =
-triplets (by triplet_id) with all members right; percentages rounded to 2; Macro_Average = mean of the
-rounded source figures. The release excerpt's index, triplet_id, answer, source and eval_type are the
-real ones of those demo rows; its question and choice texts are placeholders (the Parquet release is on
-the hub only).
+The scoring checks run on the official demo outputs (chenllliang/MMEvalPro demo_model_output.json, 6,414
+rows; data/README.md): all 2,637 MMMU and MathVista rows, and 90 rows (10 triplets of each source) whose
+figures are counted by hand. The rules are auto_score.py's: right = `answer == model_output`; per source
+and over all rows; genuine = triplets (by triplet_id) with all members right; percentages rounded to 2;
+Macro_Average = mean of the rounded source figures. The release excerpt's index, triplet_id, answer,
+source and eval_type are the real ones of those demo rows; its question and choice texts are placeholders
+(the Parquet release is on the hub only, and the demo outputs carry no question text).
 """
 
 from __future__ import annotations
@@ -22,6 +22,21 @@ from faithproxy.benchmarks.evaluation.datasets.release import IMAGE_CACHE
 from tests.benchmarks.evaluation.releases import DATA, unpack
 
 DEMO = DATA / "mmevalpro" / "demo_model_output_excerpt.json"
+DEMO_TWO_SOURCES = DATA / "mmevalpro" / "demo_model_output_mmmu_mathvista.json"
+
+# The score file the repository's README prints for demo_model_output.json (auto_score.py's output).
+README_SCORES = {
+    "MMMU": {"genuine_accuracy_score": 17.11, "average_score": 52.7, "origin_score": 45.13,
+             "perception_score": 62.24, "knowledge_score": 50.74},
+    "MathVista": {"genuine_accuracy_score": 15.37, "average_score": 51.67, "origin_score": 55.93,
+                  "perception_score": 50.37, "knowledge_score": 48.7},
+    "ScienceQA": {"genuine_accuracy_score": 44.96, "average_score": 74.61, "origin_score": 80.54,
+                  "perception_score": 72.2, "knowledge_score": 71.09},
+    "Macro_Average": {"genuine_accuracy_score": 25.81, "average_score": 59.66, "origin_score": 60.53,
+                      "perception_score": 61.6, "knowledge_score": 56.84},
+    "Micro_Average": {"genuine_accuracy_score": 33.07, "average_score": 65.34, "origin_score": 68.71,
+                      "perception_score": 65.11, "knowledge_score": 62.21},
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -79,20 +94,48 @@ def test_official_demo_rows() -> None:
 
 def test_macro_average_of_the_published_demo_figures() -> None:
     """The README's demo score file: per source as published; the script's macro rule gives its 25.81
-    genuine (and 59.66 average) from them. (Its micro 33.07 needs all 6,204 rows, which are not here.)"""
-    published = {
-        "MMMU": {"genuine_accuracy_score": 17.11, "average_score": 52.7, "origin_score": 45.13,
-                 "perception_score": 62.24, "knowledge_score": 50.74},
-        "MathVista": {"genuine_accuracy_score": 15.37, "average_score": 51.67, "origin_score": 55.93,
-                      "perception_score": 50.37, "knowledge_score": 48.7},
-        "ScienceQA": {"genuine_accuracy_score": 44.96, "average_score": 74.61, "origin_score": 80.54,
-                      "perception_score": 72.2, "knowledge_score": 71.09},
-    }  # fmt: skip
-    assert mmevalpro.macro_average(published) == {
-        "genuine_accuracy_score": 25.81, "average_score": 59.66, "origin_score": 60.53, "perception_score": 61.6,
-        "knowledge_score": 56.84,
-    }  # fmt: skip
+    genuine (and 59.66 average) from them."""
+    published = {s: README_SCORES[s] for s in mmevalpro.SOURCES}
+    assert mmevalpro.macro_average(published) == README_SCORES["Macro_Average"]
     assert mmevalpro.macro_average({"MMMU": published["MMMU"]}) is None  # needs all three sources
+
+
+def test_demo_outputs_of_two_sources_give_the_published_figures() -> None:
+    """All MMMU (triplets 1-339) and MathVista (340-879) rows of demo_model_output.json, scored by our
+    auto_score: exactly the README's figures for those two sources."""
+    rows = json.loads(DEMO_TWO_SOURCES.read_text())
+    assert len(rows) == 2637 and len({r["triplet_id"] for r in rows}) == 879
+    scores = mmevalpro.auto_score(rows)
+    assert scores["MMMU"] == README_SCORES["MMMU"]
+    assert scores["MathVista"] == README_SCORES["MathVista"]
+    assert scores["ScienceQA"] is None and scores["Macro_Average"] is None  # a source is missing
+
+
+def _science_qa_rows(first_index: int, first_triplet: int) -> list[dict[str, object]]:
+    """Stand-ins for the demo's 1,259 ScienceQA triplets (880-2138; the file ends at index 6413), right
+    exactly as often as the README's ScienceQA percentages say: with 1,259 triplets each figure rounds
+    from one count only (44.96 -> 566 triplets all right, 80.54 -> 1,014 Origin, 72.2 -> 909 Perception,
+    71.09 -> 895 Knowledge). The first 566 triplets are all right; of the other 693, Origin is right in
+    the first 448, Perception in the last 343, Knowledge in the first 329, so none is all right."""
+    rows: list[dict[str, object]] = []
+    for n in range(1259):
+        j = n - 566
+        right = (True, True, True) if j < 0 else (j < 448, j >= 693 - 343, j < 329)
+        for k, (kind, ok) in enumerate(zip(mmevalpro.EVAL_TYPES, right, strict=True)):
+            rows.append({"index": first_index + 3 * n + k, "triplet_id": first_triplet + n, "answer": "A",
+                         "model_output": "A" if ok else "B", "source": "ScienceQA", "eval_type": kind})  # fmt: skip
+    return rows
+
+
+def test_whole_demo_score_file_micro_and_macro() -> None:
+    """The real MMMU and MathVista rows plus ScienceQA stand-ins with the published ScienceQA counts: our
+    auto_score gives the README's whole score file, Micro_Average 33.07 (707 of 2,138 triplets) and
+    Macro_Average 25.81 included. (The README's "2,068 triplets, 6,204 questions" is not the demo file's
+    size: it holds 2,138 triplets, 6,414 rows.)"""
+    rows = json.loads(DEMO_TWO_SOURCES.read_text())
+    rows += _science_qa_rows(first_index=len(rows), first_triplet=880)
+    assert len(rows) == 6414 and rows[-1]["index"] == 6413 and rows[-1]["triplet_id"] == 2138
+    assert mmevalpro.auto_score(rows) == README_SCORES
 
 
 def test_run_predictions_score_like_the_official_rows(release_dir: Path) -> None:
