@@ -113,11 +113,13 @@ def mirage(dest: Path, records: list[dict[str, Any]] | None = None) -> Path:
     return dest
 
 
-MMVP_ROWS = [  # index, question, options, correct answer (the release's columns; values are ours)
-    ("1", "Is the door open or closed?", "(a) Open (b) Closed", "(a)"),
-    ("2", "Is the door open or closed?", "(a) Open (b) Closed", "(b)"),
-    ("3", "Is the dog facing left or right?", "(a) Left (b) Right", "(a)"),
-    ("4", "Is the dog facing left or right?", "(a) Left (b) Right", "(b)"),
+# Questions.csv rows 1, 2, 5 and 6 (two whole pairs) as MMVP publishes them: the values are quoted from
+# other public repositories that read the file (data/README.md says which); the release is on the hub only.
+MMVP_ROWS = [  # Index, Question, Options, Correct Answer
+    ("1", "Are the butterfly's wings closer to being open or closed?", "(a) Open (b) Closed", "(a)"),
+    ("2", "Are the butterfly's wings closer to being open or closed?", "(a) Open (b) Closed", "(b)"),
+    ("5", "Is the dog facing left or right from the camera's perspective?", "(a) Left (b) Right", "(a)"),
+    ("6", "Is the dog facing left or right from the camera's perspective?", "(a) Left (b) Right", "(b)"),
 ]
 
 

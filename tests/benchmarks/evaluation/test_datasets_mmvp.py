@@ -11,6 +11,7 @@ from PIL import Image
 from faithproxy.benchmarks.evaluation import datasets
 from faithproxy.benchmarks.evaluation.datasets import mmvp
 from faithproxy.benchmarks.evaluation.datasets.release import DatasetError
+from tests.benchmarks.evaluation.releases import unpack
 
 ROWS = [  # index, question, options, correct answer
     ("1", "Is the door open or closed?", "(a) Open (b) Closed", "(a)"),
@@ -133,3 +134,15 @@ def test_official_answer_file_and_its_judge(tmp_path: Path) -> None:
     assert predictions is not None and mmvp.from_official([{"id": "mmvp-1"}], items) is None
     scores = mmvp.score(items, predictions)
     assert (scores["pairs"], scores["pair_accuracy"]) == (3, pytest.approx(2 / 3))
+
+
+def test_real_rows_of_the_release(tmp_path: Path) -> None:
+    """The committed excerpt holds rows 1, 2, 5, 6 of the published Questions.csv (two whole pairs)."""
+    items = mmvp.load(unpack("mmvp", tmp_path / "MMVP"))
+    assert [(i.id, i.answer, i.extra["pair"]) for i in items] == [
+        ("mmvp-1", "A", 0), ("mmvp-2", "B", 0), ("mmvp-5", "A", 2), ("mmvp-6", "B", 2),
+    ]  # fmt: skip
+    assert items[0].prompt == "Are the butterfly's wings closer to being open or closed? Options: A. Open B. Closed"
+    assert items[3].options == ("Left", "Right") and items[3].image == tmp_path / "MMVP" / "MMVP Images" / "6.jpg"
+    scores = mmvp.score(items, {"mmvp-1": "A", "mmvp-2": "B", "mmvp-5": "B", "mmvp-6": "B"})
+    assert (scores["pairs"], scores["pair_accuracy"], scores["accuracy"]) == (2, 0.5, 0.75)

@@ -92,12 +92,12 @@ def test_score_needs_no_images(tmp_path: Path, capsys: pytest.CaptureFixture[str
         image.unlink()
     (tmp_path / "answer.jsonl").write_text("".join(
         json.dumps({"question_id": n, "prompt": "q", "answer": "(a)", "response": r}) + "\n"
-        for n, r in ((1, "(a)"), (2, "(b)"), (3, "(b)"), (4, "(b)"))
+        for n, r in ((1, "(a)"), (2, "(b)"), (5, "(b)"), (6, "(b)"))
     ))  # fmt: skip
     code, out, _ = bench(capsys, "score", "--dataset", "mmvp", "--data-dir", str(root), "--predictions",
                          str(tmp_path / "answer.jsonl"))  # fmt: skip
     assert code == 0 and out["format"] == "official"
-    assert (out["metrics"]["pairs"], out["metrics"]["pair_accuracy"]) == (2, 0.5)  # (1, 2) right, (3, 4) not
+    assert (out["metrics"]["pairs"], out["metrics"]["pair_accuracy"]) == (2, 0.5)  # (1, 2) right, (5, 6) not
 
 
 def parse(*argv: str) -> argparse.Namespace:
