@@ -1,42 +1,66 @@
 """ShapesWorld end to end: held-out scenes through real vLLM, vanilla against faithproxy per detector.
 
-    python -m faithproxy.benchmarks.evaluation.shapesworld_bench --n 100 --detectors judge,prompt \
-        --out benchmarks/results/shapesworld.json
-    faithproxy bench shapesworld --n 100 --detectors judge,prompt --out benchmarks/results/shapesworld.json
+    faithproxy bench shapesworld --n 300 --probe PROBE.json --concurrency 8 \
+        --out benchmarks/results/shapesworld-detectors.json
+    faithproxy bench shapesworld --n 100 --detectors judge:pixels,prompt --out benchmarks/results/shapesworld.json
+    faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-detectors.json
 
-Everything is real except the judge's eyes: vLLM serves the committed ShapesWorld model (float32, see
-`tinyvlm.serve`), faithproxy runs in this process in front of it, and the `judge` detector talks to
-the pixel judge (`benchmarks.judge_server --shapesworld`) over the Anthropic Messages API through the
-anthropic SDK. Every chain is scored against the scene's ground truth (`shapesworld.claims` on the true
-objects, not on what a judge said):
+vLLM serves the committed ShapesWorld model (float32, see `tinyvlm.serve`) and faithproxy runs in this
+process in front of it. The rows (`benchmarks/evaluation/shapesworld_rows.py`): `judge:pixels`, the pixel
+judge (`benchmarks.standins.judge_server --shapesworld`, an oracle) over the Anthropic Messages API;
+`judge:learned`, the learned ShapesWorld judge (`shapesworld/model/judge_weights`) served by a second
+real vLLM and reached through the OpenAI-compatible judge backend, as a deployment reaches
+Qwen2.5-VL-72B; `prompt`; `probe` and `cascade` (probe, then the learned judge), for which the
+generator's vLLM is started with the hidden-state capture flags. Without `--detectors`, every row whose
+model or probe file is at hand runs; the others are named in the result (`left_out`).
+
+Every chain is scored against the scene's ground truth (`shapesworld.claims` on the true objects, not
+on what a judge said):
 
 - upr_vanilla: false perception sentences / perception sentences of the chains vLLM writes alone;
-- upr_first_draft (per detector): the same for the steps as the generator first wrote them inside the
+- upr_first_draft (per row): the same for the steps as the generator first wrote them inside the
   proxy (before any correction), and upr_detected: the share of those the detector flagged;
 - upr_residual: the same ratio over the chains faithproxy returns (after correction);
 - accuracy vanilla and corrected; the detector's precision/recall/F1 against ground truth on the
-  first drafts; regeneration outcomes by attempt (Table 12 style: fixed at try k, or kept residual,
-  and whether the accepted fix is true by ground truth); wall time per configuration.
+  first drafts; regeneration outcomes by attempt (Table 12 style); false flags, the regeneration tries
+  they cost and the answers they changed against vanilla's; the judge's calls and tokens; where the
+  detector errs by step type and error kind; wall time per row.
 
-Labelled chains (the `benchmarks/evaluation/labelled.py` format, ground-truth verdicts per step) are written for
-the vanilla chains and for each detector's corrected chains (`--labelled-dir`), for training and scoring
-detectors. Questions cycle through the five types, so `--n` should be a multiple of 5.
+Each row gets a fresh proxy, and both vLLMs' prefix caches are emptied before it (vLLM is started with
+VLLM_SERVER_DEV_MODE for that), so no row reads a cache another row filled. The result records the
+scenes' seed, the sha256 of the generator's and the judge's weights and of the probe file, and the
+command. Labelled chains (the `benchmarks/evaluation/labelled.py` format, ground-truth verdicts per
+step) are written for the vanilla chains and each row's corrected chains (`--labelled-dir`).
+Questions cycle through the five types, so `--n` should be a multiple of 5.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from faithproxy.benchmarks.evaluation.shapesworld_report import goals, markdown, plot, readme_table
+from faithproxy.benchmarks.evaluation.shapesworld_rows import (
+    ALL_ROWS,
+    LEARNED,
+    PIXELS,
+    Row,
+    cascade_decisions,
+    chain_scores,
+    draft_scores,
+    parse_row,
+    score_rows,
+)
 from faithproxy.benchmarks.standins.judge_server import PixelJudge, running_judge_server
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.local_server import running_app
@@ -46,10 +70,21 @@ from faithproxy.shapesworld.export import image_sha256
 from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED, user_message
 from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
-from faithproxy.shapesworld.model.scoring import ReplyScore, heldout_items, reply_sentences, score_reply
+from faithproxy.shapesworld.model.scoring import heldout_items, reply_sentences, score_reply
 from faithproxy.tinyvlm.processes import supervised
 
+# Scoring and reports live in shapesworld_rows and shapesworld_report; these names stay importable here.
+__all__ = ["chain_scores", "draft_scores", "markdown", "plot", "readme_table", "score_rows"]
+
 MAX_TOKENS = 160
+# train_judge.JUDGE_WEIGHTS_DIR, named here without importing the trainer (it imports torch); a test
+# keeps the two the same.
+JUDGE_WEIGHTS_DIR = WEIGHTS_DIR.parent / "judge_weights"
+JUDGE_SERVED_NAME = "shapesworld-judge"
+# The learned judge's replies: a description (when asked), a typing line per checked sentence and the
+# verdict; training scored them at 96 new tokens. The judge's vLLM runs with --max-model-len 2048
+# (tinyvlm.serve), far above its prompts (a few hundred tokens with the image), so 128 always fits.
+JUDGE_MAX_TOKENS = 128
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -71,12 +106,12 @@ async def vanilla_replies(base_url: str, items: Sequence[Item], concurrency: int
 
 
 async def proxy_replies(
-    base_url: str, items: Sequence[Item], detector: str, concurrency: int
+    base_url: str, items: Sequence[Item], row: Row, concurrency: int
 ) -> list[tuple[str, str, dict[str, Any]]]:
-    """(content, request id, faithfulness summary) per item, through faithproxy in correct mode."""
+    """(content, request id, faithfulness summary) per item, through faithproxy in correct mode with the
+    row's detector (and judge)."""
     gate = asyncio.Semaphore(concurrency)
-    headers = {"x-faithproxy-mode": "correct", "x-faithproxy-detector": detector}
-    async with httpx.AsyncClient(base_url=base_url, timeout=600, headers=headers) as http:
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, headers=row.headers()) as http:
 
         async def one(item: Item) -> tuple[str, str, dict[str, Any]]:
             async with gate:
@@ -99,83 +134,7 @@ def _body(item: Item) -> dict[str, Any]:
     }
 
 
-# -------------------------------------------------------------------------------------------- scoring
-
-
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 4) if b else 0.0
-
-
-def chain_scores(items: Sequence[Item], replies: Sequence[str]) -> dict[str, Any]:
-    scores = [score_reply(item, reply) for item, reply in zip(items, replies, strict=True)]
-    steps = sum(s.perception_steps for s in scores)
-    errors = sum(s.perception_errors for s in scores)
-    by_type: dict[str, list[ReplyScore]] = {}
-    for s in scores:
-        by_type.setdefault(s.qtype, []).append(s)
-    return {
-        "chains": len(scores),
-        "perception_steps": steps,
-        "unfaithful_steps": errors,
-        "upr": ratio(errors, steps),
-        "chains_with_error": ratio(sum(s.perception_errors > 0 for s in scores), len(scores)),
-        "accuracy": ratio(sum(s.correct for s in scores), len(scores)),
-        "accuracy_by_type": {q: ratio(sum(s.correct for s in g), len(g)) for q, g in sorted(by_type.items())},
-        "well_formed": ratio(sum(s.well_formed for s in scores), len(scores)),
-        # accuracy = right option text AND its letter: the two parts apart
-        "option_text_correct": ratio(sum(s.option_text_correct for s in scores), len(scores)),
-        "letter_matches_text": ratio(sum(s.letter_matches_text for s in scores), len(scores)),
-    }
-
-
-def draft_scores(items: Sequence[Item], traces: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The detector on the generator's first drafts inside the proxy, against ground truth, and what
-    regeneration made of the steps it flagged."""
-    tp = fp = fn = tn = 0
-    outcomes: Counter[str] = Counter()
-    fixes_true = fixes = 0
-    drafts = draft_errors = 0
-    for item, trace in zip(items, traces, strict=True):
-        for step in trace["steps"]:
-            draft = step["original_text"] if step["original_text"] is not None else step["text"]
-            truth = check_sentence(draft.strip(), item.scene.objects)
-            flagged = step["detected"] == "unfaithful"
-            if truth.kind == PERCEPTION:
-                drafts += 1
-                wrong = truth.faithful is False
-                draft_errors += wrong
-                tp += wrong and flagged
-                fp += flagged and not wrong
-                fn += wrong and not flagged
-                tn += not wrong and not flagged
-            if flagged:
-                if step["residual"]:
-                    outcomes["residual"] += 1
-                elif step["original_text"] is not None:
-                    outcomes[f"fixed_at_attempt_{step['attempts']}"] += 1
-                    fixes += 1
-                    fixes_true += check_sentence(step["text"].strip(), item.scene.objects).faithful is not False
-                else:
-                    outcomes["other"] += 1
-    precision, recall = ratio(tp, tp + fp), ratio(tp, tp + fn)
-    f1 = round(2 * precision * recall / (precision + recall), 4) if precision + recall else 0.0
-    return {
-        "draft_perception_steps": drafts,
-        "draft_unfaithful_steps": draft_errors,
-        "upr_first_draft": ratio(draft_errors, drafts),
-        "upr_detected": ratio(tp + fp, drafts),
-        "detector_vs_ground_truth": {
-            "tp": tp,
-            "fp": fp,
-            "fn": fn,
-            "tn": tn,
-            "precision": precision,
-            "recall": recall,
-            "f1": f1,
-        },  # fmt: skip
-        "regeneration_outcomes": dict(sorted(outcomes.items())),
-        "accepted_fixes_true_by_ground_truth": ratio(fixes_true, fixes),
-    }
+# ------------------------------------------------------------------------------------ labelled chains
 
 
 def labelled_record(item: Item, reply: str, record_id: str) -> dict[str, Any]:
@@ -207,79 +166,17 @@ def read_traces(path: Path) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r.get("id")}
 
 
-# --------------------------------------------------------------------------------------------- report
-
-
-def markdown(result: dict[str, Any]) -> str:
-    v = result["vanilla"]
-    lines = [
-        f"# ShapesWorld: vanilla vs faithproxy ({result['n_chains']} held-out chains)",
-        "",
-        "UPR and accuracy by ground truth (Table 11 style):",
-        "",
-        "| configuration | UPR first draft | UPR detected | UPR residual | accuracy | right option text | wall s |",
-        "|---|---|---|---|---|---|---|",
-        f"| vanilla (vLLM alone) | {v['upr']:.3f} | – | {v['upr']:.3f} | {v['accuracy']:.3f} | "
-        f"{v['option_text_correct']:.3f} | {v['wall_s']:.1f} |",
-    ]
-    for name, d in result["detectors"].items():
-        c = d["corrected"]
-        lines.append(
-            f"| faithproxy, {name} | {d['upr_first_draft']:.3f} | {d['upr_detected']:.3f} | {c['upr']:.3f} | "
-            f"{c['accuracy']:.3f} | {c['option_text_correct']:.3f} | {d['wall_s']:.1f} |"
-        )
-    lines += ["", "Detectors against ground truth on the first drafts (Table 4 style):", ""]
-    lines += ["| detector | precision | recall | F1 | flagged share |", "|---|---|---|---|---|"]
-    for name, d in result["detectors"].items():
-        g = d["detector_vs_ground_truth"]
-        lines.append(f"| {name} | {g['precision']:.3f} | {g['recall']:.3f} | {g['f1']:.3f} | {d['upr_detected']:.3f} |")
-    lines += ["", "Regeneration outcomes of flagged steps (Table 12 style):", ""]
-    for name, d in result["detectors"].items():
-        outcomes = ", ".join(f"{k}: {n}" for k, n in d["regeneration_outcomes"].items()) or "none flagged"
-        lines.append(f"- {name}: {outcomes}; accepted fixes true by ground truth: "
-                     f"{d['accepted_fixes_true_by_ground_truth']:.3f}")  # fmt: skip
-    lines += ["", f"Reproduce: `{result['command']}`", ""]
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    """Three panels: UPR by ground truth, accuracy, and regeneration outcomes per detector."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    detectors = result["detectors"]
-    names = ["vanilla", *detectors]
-    fig, (upr, acc, regen) = plt.subplots(1, 3, figsize=(13, 3.8))
-    residual = [result["vanilla"]["upr"], *(d["corrected"]["upr"] for d in detectors.values())]
-    drafts = [result["vanilla"]["upr"], *(d["upr_first_draft"] for d in detectors.values())]
-    xs = range(len(names))
-    upr.bar([x - 0.2 for x in xs], drafts, 0.4, label="first draft")
-    upr.bar([x + 0.2 for x in xs], residual, 0.4, label="returned (residual)")
-    upr.set_xticks(list(xs), names)
-    upr.set_title("UPR by ground truth")
-    upr.set_ylim(0, 1.2)
-    upr.legend(fontsize=8, loc="upper right")
-    acc.bar(names, [result["vanilla"]["accuracy"], *(d["corrected"]["accuracy"] for d in detectors.values())])
-    acc.set_ylim(0, 1)
-    acc.set_title("answer accuracy")
-    keys = sorted({k for d in detectors.values() for k in d["regeneration_outcomes"]})
-    width = 0.8 / max(len(detectors), 1)
-    for i, (name, d) in enumerate(detectors.items()):
-        regen.bar([k + i * width for k in range(len(keys))], [d["regeneration_outcomes"].get(k, 0) for k in keys],
-                  width, label=name)  # fmt: skip
-    regen.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))], [k.replace("_", " ") for k in keys],
-                     rotation=20, fontsize=8)  # fmt: skip
-    regen.set_title("flagged steps: outcome")
-    regen.legend()
-    fig.suptitle(f"ShapesWorld, {result['n_chains']} held-out chains")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # ------------------------------------------------------------------------------------------------ run
+
+
+async def reset_prefix_cache(base_url: str) -> bool:
+    """Empties a vLLM's prefix cache (a dev-mode endpoint); False where the server does not offer it."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        try:
+            reply = await http.post(f"{base_url}/reset_prefix_cache")
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200
 
 
 async def run_all(
@@ -290,31 +187,98 @@ async def run_all(
     workdir: Path,
     max_retries: int,
     regeneration_samples: int | None = None,
+    *,
+    judge_url: str | None = None,
+    probe_path: Path | None = None,
+    hidden_layers: Sequence[int] | None = None,
+    cascade: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
+    """Vanilla replies, then each row's corrected replies through a fresh proxy.
+
+    `detectors`: row names (`shapesworld_rows.parse_row`). `judge_url`: the learned judge's vLLM (its
+    root URL), needed by rows that ask the learned judge. `probe_path` and `hidden_layers` (the layers
+    the generator's vLLM captures): needed by rows that read hidden states. `cascade`: (low, high), else
+    the settings'.
+    """
     from faithproxy.clients.judges import JudgeConfig
     from faithproxy.server.app import create_app
     from faithproxy.server.settings import Settings
 
+    rows = [parse_row(name) for name in detectors]
+    if judge_url is None and any(r.judge == LEARNED for r in rows):
+        raise ValueError("rows asking the learned judge need its vLLM (judge_url)")
+    if any(r.reads_hidden_states for r in rows) and (probe_path is None or not hidden_layers):
+        raise ValueError("rows reading hidden states need a probe file and the layers vLLM captures")
+    servers = [vllm_url, *([judge_url] if judge_url else [])]
+    await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
     started = time.monotonic()
     vanilla = await vanilla_replies(f"{vllm_url}/v1", items, concurrency)
-    result: dict[str, Any] = {"vanilla_replies": vanilla, "vanilla_wall_s": time.monotonic() - started}
-    traces_path = workdir / "traces.jsonl"
-    traces_path.unlink(missing_ok=True)
-    async with running_judge_server(create_judge_app(PixelJudge())) as judge_url:
-        judge = JudgeConfig(name="pixels", backend="anthropic", model="shapesworld-pixel-judge", base_url=judge_url,
-                            api_key="local", timeout_s=30, max_retries=0)  # fmt: skip
-        samples = {} if regeneration_samples is None else {"regeneration_samples": regeneration_samples}
-        settings = Settings(upstream_url=vllm_url, judges=[judge], default_judge="pixels", trace_path=str(traces_path),
-                            max_retries=max_retries, **samples)  # fmt: skip
-        async with running_app(create_app(settings)) as proxy_url:
-            for detector in detectors:
+    result: dict[str, Any] = {"vanilla_replies": vanilla, "vanilla_wall_s": time.monotonic() - started, "traces": {}}
+    async with running_judge_server(create_judge_app(PixelJudge())) as pixel_url:
+        judges = [JudgeConfig(name=PIXELS, backend="anthropic", model="shapesworld-pixel-judge", base_url=pixel_url,
+                              api_key="local", timeout_s=30, max_retries=0)]  # fmt: skip
+        if judge_url is not None:
+            # As a deployment configures a vLLM-served VLM judge: greedy, a short reply, no key.
+            judges.append(JudgeConfig(name=LEARNED, backend="openai", model=JUDGE_SERVED_NAME,
+                                      base_url=f"{judge_url}/v1", api_key="EMPTY", temperature=0.0,
+                                      max_tokens=JUDGE_MAX_TOKENS, timeout_s=300))  # fmt: skip
+        options: dict[str, Any] = {}
+        if regeneration_samples is not None:
+            options["regeneration_samples"] = regeneration_samples
+        if probe_path is not None and hidden_layers:
+            options |= {"probe_path": str(probe_path), "hidden_states_layers": list(hidden_layers)}
+        if cascade is not None:
+            options |= {"cascade_low": cascade[0], "cascade_high": cascade[1]}
+        for row in rows:
+            traces_path = workdir / f"traces-{row.name.replace(':', '-')}.jsonl"
+            traces_path.unlink(missing_ok=True)
+            settings = Settings(upstream_url=vllm_url, judges=judges, default_judge=PIXELS,
+                                trace_path=str(traces_path), max_retries=max_retries, **options)  # fmt: skip
+            reset = await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
+            async with running_app(create_app(settings)) as proxy_url:
                 started = time.monotonic()
-                result[detector] = {
-                    "replies": await proxy_replies(proxy_url, items, detector, concurrency),
-                    "wall_s": time.monotonic() - started,
-                }
-    result["traces"] = read_traces(traces_path)
+                replies = await proxy_replies(proxy_url, items, row, concurrency)
+                wall = time.monotonic() - started
+                async with httpx.AsyncClient(timeout=60) as http:
+                    metrics = (await http.get(f"{proxy_url}/metrics")).text
+            result[row.name] = {
+                "replies": replies,
+                "wall_s": wall,
+                "cascade_decisions": cascade_decisions(metrics),
+                "prefix_caches_reset": all(reset),
+            }
+            result["traces"] |= read_traces(traces_path)
     return result
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_record(model_dir: Path) -> dict[str, Any]:
+    """Where a model folder is and the sha256 of its weights (and the training step, when it says)."""
+    record: dict[str, Any] = {"path": _shown(model_dir), "sha256": file_sha256(model_dir / "model.safetensors")}
+    info = model_dir / "training_info.json"
+    if info.is_file():
+        step = json.loads(info.read_text(encoding="utf-8")).get("step")
+        if step is not None:
+            record["training_step"] = step
+    return record
+
+
+def git_commit() -> str | None:
+    """The checked-out commit, `+dirty` when tracked files differ from it; None outside a git tree."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
 @supervised()  # a signal or a failure stops every server started inside
@@ -327,47 +291,92 @@ def benchmark(
     max_retries: int,
     regeneration_samples: int | None = None,
     seed: int = HELDOUT_SEED,
+    *,
+    judge_model: Path | None = None,
+    probe_path: Path | None = None,
+    hidden_layers: Sequence[int] | None = None,
+    cascade: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
+    from faithproxy.clients.hidden_states import server_args
+    from faithproxy.server.settings import Settings
     from faithproxy.tinyvlm.serve import start_vllm
 
+    rows = [parse_row(name) for name in detectors]
     items = heldout_items(n, seed)
     workdir.mkdir(parents=True, exist_ok=True)
-    with start_vllm(model_dir, served_model_name=SERVED_NAME, log_path=workdir / "vllm.log") as server:
-        raw = asyncio.run(
-            run_all(server.base_url, items, detectors, concurrency, workdir, max_retries, regeneration_samples)
-        )
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache between rows
+    capture: list[str] = []
+    if any(r.reads_hidden_states for r in rows):
+        if probe_path is None or not hidden_layers:
+            raise ValueError("rows reading hidden states need a probe file and the layers to capture")
+        storage = (workdir / "hidden-states").resolve()
+        storage.mkdir(parents=True, exist_ok=True)
+        capture = server_args(list(hidden_layers), str(storage))
+    learned = any(r.judge == LEARNED for r in rows)
+    if learned and judge_model is None:
+        raise ValueError("rows asking the learned judge need its weights (judge_model)")
+    with start_vllm(model_dir, extra_args=capture, served_model_name=SERVED_NAME, log_path=workdir / "vllm.log",
+                    env=dev) as server:  # fmt: skip
+        judge = None
+        if learned:
+            assert judge_model is not None
+            judge = start_vllm(judge_model, extra_args=["--enable-prompt-tokens-details"],
+                               served_model_name=JUDGE_SERVED_NAME, log_path=workdir / "judge-vllm.log",
+                               env=dev)  # fmt: skip
+        try:
+            raw = asyncio.run(
+                run_all(
+                    server.base_url,
+                    items,
+                    detectors,
+                    concurrency,
+                    workdir,
+                    max_retries,
+                    regeneration_samples,
+                    judge_url=judge.base_url if judge else None,
+                    probe_path=probe_path,
+                    hidden_layers=hidden_layers,
+                    cascade=cascade,
+                )  # fmt: skip
+            )
+        finally:
+            if judge is not None:
+                judge.stop()
     vanilla = chain_scores(items, raw["vanilla_replies"]) | {"wall_s": round(raw["vanilla_wall_s"], 1)}
-    from faithproxy.server.settings import Settings
-
-    samples = regeneration_samples or Settings.model_fields["regeneration_samples"].default
+    defaults = Settings()  # FAITHPROXY_* from the environment, as the proxy read them
+    models = {"generator": model_record(model_dir)}
+    if learned and judge_model is not None:
+        models["judge"] = model_record(judge_model)
+    if capture and probe_path is not None:
+        models["probe"] = {"path": _shown(probe_path), "sha256": file_sha256(probe_path)}
     result: dict[str, Any] = {
         "n_chains": len(items),
         "scenes_seed": seed,
         "model": str(model_dir),
+        "models": models,
+        "faithproxy_commit": git_commit(),
         "max_retries": max_retries,
-        "regeneration_samples": samples,
-        "vanilla": vanilla,
-        "detectors": {},
-    }
-    vanilla_records = [labelled_record(i, r, i.id) for i, r in zip(items, raw["vanilla_replies"], strict=True)]
-    labelled = {"vanilla": vanilla_records}
-    for detector in detectors:
-        replies = raw[detector]["replies"]
-        contents = [content for content, _, _ in replies]
-        traces = [raw["traces"][request_id] for _, request_id, _ in replies]
-        corrected = chain_scores(items, contents)
-        result["detectors"][detector] = {
-            "corrected": corrected,
-            **draft_scores(items, traces),
-            "proxy_summary_upr_detected": ratio(
-                sum(s.get("unfaithful_detected", 0) for _, _, s in replies),
-                sum(s.get("perception_steps", 0) for _, _, s in replies),
-            ),
-            "regenerations": sum(s.get("regenerations", 0) for _, _, s in replies),
-            "wall_s": round(raw[detector]["wall_s"], 1),
-            "upr_reduction_vs_vanilla": round(1 - corrected["upr"] / vanilla["upr"], 4) if vanilla["upr"] else 0.0,
+        "regeneration_samples": regeneration_samples or defaults.regeneration_samples,
+        "learned_judge": {
+            "backend": "openai",
+            "served_name": JUDGE_SERVED_NAME,
+            "temperature": 0.0,
+            "max_tokens": JUDGE_MAX_TOKENS,
         }
-        labelled[detector] = [labelled_record(i, c, i.id) for i, c in zip(items, contents, strict=True)]
+        if learned
+        else None,  # fmt: skip
+        "hidden_states_layers": list(hidden_layers) if capture and hidden_layers else None,
+        "cascade_thresholds": list(cascade or (defaults.cascade_low, defaults.cascade_high))
+        if any(r.detector == "cascade" for r in rows)
+        else None,
+        "vanilla": vanilla,
+        "detectors": score_rows(items, raw, detectors),
+    }
+    result["goals"] = goals(result)
+    labelled = {"vanilla": [labelled_record(i, r, i.id) for i, r in zip(items, raw["vanilla_replies"], strict=True)]}
+    for name in detectors:
+        contents = [content for content, _, _ in raw[name]["replies"]]
+        labelled[name] = [labelled_record(i, c, i.id) for i, c in zip(items, contents, strict=True)]
     best = min(result["detectors"].values(), key=lambda d: d["corrected"]["upr"], default=None)
     result |= {
         "upr_vanilla": vanilla["upr"],
@@ -382,7 +391,20 @@ def benchmark(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=WEIGHTS_DIR, help="ShapesWorld model folder")
     parser.add_argument("--n", type=int, default=100, help="held-out chains (a multiple of 5)")
-    parser.add_argument("--detectors", default="judge,prompt", help="comma-separated detector names")
+    parser.add_argument(
+        "--detectors",
+        help=f"comma-separated rows, DETECTOR or DETECTOR:JUDGE (judge: pixels or learned); default: every row "
+        f"whose model or probe file is at hand of {','.join(ALL_ROWS)}. A bare `judge` is judge:pixels, a bare "
+        "`cascade` cascade:learned",
+    )
+    parser.add_argument(
+        "--judge-model", type=Path, default=JUDGE_WEIGHTS_DIR, help="the learned judge's weights (a vLLM model folder)"
+    )
+    parser.add_argument(
+        "--probe", type=Path, help="probe file for the probe and cascade rows (default: FAITHPROXY_PROBE_PATH)"
+    )
+    parser.add_argument("--cascade-low", type=float, help="the cascade's low threshold (default: the settings')")
+    parser.add_argument("--cascade-high", type=float, help="the cascade's high threshold (default: the settings')")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-retries", type=int, default=3, help="K: regeneration tries per unfaithful step")
     parser.add_argument(
@@ -396,14 +418,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-shapesworld"), help="logs and traces")
     parser.add_argument("--out", type=Path, help="result JSON (a Markdown report goes next to it)")
     parser.add_argument("--labelled-dir", type=Path, help="write labelled chains (JSONL) per configuration here")
+    parser.add_argument(
+        "--readme-table",
+        type=Path,
+        metavar="RESULT_JSON",
+        help="print the README's table of a result JSON; run nothing",
+    )
+
+
+def choose_rows(
+    asked: str | None, judge_model: Path | None, probe_path: Path | None
+) -> tuple[list[str], dict[str, str]]:
+    """(row names to run, rows left out → why). Rows asked for by name must have what they need."""
+    missing: dict[str, str] = {}
+    judge_there = judge_model is not None and (judge_model / "config.json").is_file()
+    names = ALL_ROWS if asked is None else [d.strip() for d in asked.split(",") if d.strip()]
+    if not names:
+        raise SystemExit("--detectors names no row")
+    rows = []
+    for name in names:
+        try:
+            row = parse_row(name)
+        except ValueError as exc:
+            raise SystemExit(f"--detectors: {exc}") from exc
+        if row.judge == LEARNED and not judge_there:
+            missing[name] = f"no learned judge weights at {judge_model} (--judge-model)"
+        elif row.reads_hidden_states and probe_path is None:
+            missing[name] = "no probe file (--probe or FAITHPROXY_PROBE_PATH)"
+        else:
+            rows.append(name)
+    if asked is not None and missing:
+        raise SystemExit("; ".join(f"row {k}: {why}" for k, why in missing.items()))
+    if len(set(rows)) != len(rows):
+        raise SystemExit("--detectors names a row twice")
+    return rows, missing
 
 
 def main(args: argparse.Namespace) -> int:
     """`faithproxy bench shapesworld` (benchmarks/evaluation/cli.py) and
     `python -m faithproxy.benchmarks.evaluation.shapesworld_bench`."""
+    if args.readme_table is not None:
+        print(readme_table(json.loads(args.readme_table.read_text(encoding="utf-8"))), end="")
+        return 0
     if args.n < 1:
         raise SystemExit("--n must be at least 1")
-    detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
     if args.regeneration_samples is not None and args.regeneration_samples < 1:
         raise SystemExit("--regeneration-samples must be at least 1")
     seed = HELDOUT_SEED if args.seed is None else args.seed
@@ -411,6 +469,29 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"--seed must be in 0..{MIN_TRAINING_SEED - 1}: from {MIN_TRAINING_SEED} on, training draws the scenes"
         )
+    from faithproxy.server.settings import Settings
+
+    defaults = Settings()
+    probe_path = args.probe or (Path(defaults.probe_path) if defaults.probe_path else None)
+    low = defaults.cascade_low if args.cascade_low is None else args.cascade_low
+    high = defaults.cascade_high if args.cascade_high is None else args.cascade_high
+    if not 0.0 <= low <= high <= 1.0:
+        raise SystemExit(f"the cascade's thresholds must satisfy 0 <= low <= high <= 1 (got {low}, {high})")
+    detectors, left_out = choose_rows(args.detectors, args.judge_model, probe_path)
+    layers = None
+    if probe_path is not None and any(parse_row(d).reads_hidden_states for d in detectors):
+        from faithproxy.detectors.probe import Probe, ProbeFileError
+
+        try:
+            probe = Probe.load(probe_path)
+        except ProbeFileError as exc:
+            raise SystemExit(f"--probe: {exc}") from exc
+        if probe.model != SERVED_NAME:
+            raise SystemExit(f"--probe: the probe was trained on {probe.model!r}, the bench serves {SERVED_NAME!r}")
+        # The layers vLLM captures: the server's setting when given (it must hold the probe's), else the probe's.
+        layers = defaults.hidden_states_layers or probe.layers
+    for name, why in left_out.items():
+        print(f"row {name} left out: {why}", file=sys.stderr)
     result = benchmark(
         args.model,
         args.n,
@@ -420,14 +501,19 @@ def main(args: argparse.Namespace) -> int:
         args.max_retries,
         args.regeneration_samples,
         seed,
+        judge_model=args.judge_model,
+        probe_path=probe_path,
+        hidden_layers=layers,
+        cascade=(low, high),
     )
     labelled = result.pop("labelled")
+    result["left_out"] = left_out
     result["command"] = "faithproxy bench shapesworld " + " ".join(
         f"--{k.replace('_', '-')} {_shown(v)}" for k, v in vars(args).items() if k in _OPTIONS and v is not None
     )
     if args.labelled_dir is not None:
         for name, records in labelled.items():
-            write_labelled(args.labelled_dir / f"shapesworld-{name}.jsonl", records)
+            write_labelled(args.labelled_dir / f"shapesworld-{name.replace(':', '-')}.jsonl", records)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -449,6 +535,10 @@ _OPTIONS = (
     "n",
     "seed",
     "detectors",
+    "judge_model",
+    "probe",
+    "cascade_low",
+    "cascade_high",
     "concurrency",
     "max_retries",
     "regeneration_samples",

@@ -1,0 +1,260 @@
+"""`faithproxy bench shapesworld`'s rows and scoring on hand-made traces, its README table, and the
+README's copy of it (the end-to-end run through real vLLM is in tests/shapesworld/test_sw_model_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faithproxy.benchmarks.evaluation import shapesworld_bench as bench
+from faithproxy.benchmarks.evaluation.shapesworld_report import goals, readme_block, readme_section, readme_table
+from faithproxy.benchmarks.evaluation.shapesworld_rows import (
+    answer_changes,
+    cascade_decisions,
+    draft_scores,
+    error_kind,
+    errors_by_kind,
+    judge_bill,
+    parse_row,
+    step_type,
+    unchecked_steps,
+)
+from faithproxy.cli import main
+from faithproxy.shapesworld.language import CountClaim, ObjectClaim, RelationClaim, render_claim
+from faithproxy.shapesworld.model.scoring import heldout_items
+from faithproxy.shapesworld.world import Ref, WorldObject
+
+REPO = Path(__file__).resolve().parents[3]
+RESULT = REPO / "benchmarks" / "results" / "shapesworld-detectors.json"
+
+
+# ----------------------------------------------------------------------------------------- rows
+
+
+def test_rows_name_a_detector_and_the_judge_it_asks() -> None:
+    assert parse_row("judge:learned").headers() == {
+        "x-faithproxy-mode": "correct",
+        "x-faithproxy-detector": "judge",
+        "x-faithproxy-judge": "learned",
+    }
+    assert (parse_row("judge").judge, parse_row("cascade").judge) == ("pixels", "learned")
+    assert parse_row("cascade:pixels").judge == "pixels" and parse_row("cascade").reads_hidden_states
+    assert "x-faithproxy-judge" not in parse_row("prompt").headers()
+    assert parse_row("probe").reads_hidden_states and parse_row("probe").judge is None
+    for bad, message in (("prompt:learned", "calls no judge"), ("judge:gpt", "unknown judge"), ("jugde", "judge")):
+        with pytest.raises(ValueError, match=message):
+            parse_row(bad)
+
+
+def test_rows_without_their_model_or_probe_are_left_out_by_default_and_refused_by_name(tmp_path: Path) -> None:
+    judge = tmp_path / "judge"
+    rows, left_out = bench.choose_rows(None, judge, None)
+    assert rows == ["judge:pixels", "prompt"]
+    assert set(left_out) == {"judge:learned", "probe", "cascade"} and "--judge-model" in left_out["judge:learned"]
+    judge.mkdir()
+    (judge / "config.json").write_text("{}")
+    rows, left_out = bench.choose_rows(None, judge, tmp_path / "probe.json")
+    assert rows == ["judge:pixels", "judge:learned", "prompt", "probe", "cascade"] and left_out == {}
+    with pytest.raises(SystemExit, match="row probe: no probe file"):
+        bench.choose_rows("judge:pixels,probe", judge, None)
+    with pytest.raises(SystemExit, match="twice"):
+        bench.choose_rows("judge,judge", judge, None)
+
+
+def test_the_bench_names_the_trainers_judge_folder() -> None:
+    from faithproxy.shapesworld.model.train_judge import JUDGE_WEIGHTS_DIR
+
+    assert bench.JUDGE_WEIGHTS_DIR == JUDGE_WEIGHTS_DIR
+
+
+# ------------------------------------------------------------------------- hand-made chains
+
+
+def step(index: int, text: str, detected: str | None = "faithful", **extra: Any) -> dict[str, Any]:
+    """A step as server/summary.py trace_steps writes it."""
+    out = {"index": index, "kind": "perception", "text": text, "original_text": None, "detected": detected,
+           "verdict": detected, "attempts": 0, "residual": False, "unchecked_reason": None}  # fmt: skip
+    return out | extra
+
+
+def reply(sentences: list[str], letter: str) -> str:
+    chain = " ".join([*sentences, f"So the answer is {letter}."])
+    return f"<think>\n{chain}\n</think>\n\nThe answer is {letter}."
+
+
+def other_letter(letter: str) -> str:
+    return "A" if letter != "A" else "B"
+
+
+@pytest.fixture(scope="module")
+def items() -> list[Any]:
+    return heldout_items(3)
+
+
+def true_and_false(item: Any) -> tuple[str, str]:
+    """A true sentence about the item's first object, and the same with the wrong colour."""
+    obj = item.scene.objects[0]
+    wrong = "green" if obj.colour != "green" else "red"
+    truth = render_claim(ObjectClaim(Ref.of(obj)))
+    false = render_claim(ObjectClaim(Ref(obj.shape, wrong, obj.size, obj.row, obj.col)))
+    return truth, false
+
+
+def test_false_flags_their_tries_and_the_answers_they_changed(items: list[Any]) -> None:
+    (t0, f0), (t1, f1), (t2, _) = (true_and_false(i) for i in items)
+    gold = [i.question.gold_letter for i in items]
+    traces = [
+        # a true step flagged (a false flag) and rewritten after 2 tries: the chain diverges there
+        {"steps": [step(0, "Rewritten.", "unfaithful", original_text=t0, attempts=2), step(1, f0, "faithful")]},
+        # a false step caught and fixed first, then a false flag kept after 3 failed tries
+        {
+            "steps": [
+                step(0, t1, "unfaithful", original_text=f1, attempts=1),
+                step(1, t1, "unfaithful", attempts=3, residual=True),
+            ]
+        },  # fmt: skip
+        # nothing rewritten: the chain must be vanilla's
+        {"steps": [step(0, t2, "faithful")]},
+    ]
+    vanilla = [reply([t0, f0], gold[0]), reply([f1], other_letter(gold[1])), reply([t2], gold[2])]
+    corrected = [reply(["Rewritten.", f0], other_letter(gold[0])), reply([t1, t1], gold[1]), vanilla[2]]
+    out = answer_changes(items, traces, vanilla, corrected)
+    assert out["false_flags"] == {
+        "steps": 2,
+        "regeneration_tries": 5,
+        "steps_rewritten": 1,
+        "chains_first_rewritten_at_a_false_flag": 1,
+        "answers_changed": 1,
+        "right_to_wrong": 1,
+        "wrong_to_right": 0,
+    }
+    changed = out["answers_vs_vanilla"]
+    assert (changed["answers_changed"], changed["right_to_wrong"], changed["wrong_to_right"]) == (2, 1, 1)
+    assert changed["by_cause"]["true_flag"] == {"chains": 1, "answers_changed": 1, "right_to_wrong": 0,
+                                                "wrong_to_right": 1}  # fmt: skip
+    assert changed["by_cause"]["not_rewritten"]["answers_changed"] == 0
+    assert out["untouched_identical_to_vanilla"] == 1.0
+    # The false step left unflagged in chain 0 is a miss; the caught one is a hit; P/R count perception only.
+    g = draft_scores(items, traces)["detector_vs_ground_truth"]
+    assert (g["tp"], g["fp"], g["fn"]) == (1, 2, 1)
+
+
+def test_where_a_detector_errs_by_step_type_and_error_kind(items: list[Any]) -> None:
+    item = items[0]
+    truth, false = true_and_false(item)
+    absent = render_claim(CountClaim(0, Ref(shape=item.scene.objects[0].shape)))  # there is one: false
+    n = sum(o.shape == item.scene.objects[0].shape for o in item.scene.objects)
+    count = render_claim(CountClaim(n + 1, Ref(shape=item.scene.objects[0].shape)))
+    trace = {"steps": [step(0, truth, "unfaithful"), step(1, false, "faithful"), step(2, absent, "unfaithful"),
+                       step(3, count, None, unchecked_reason="detector_error"),
+                       step(4, "So the answer is B.", "unfaithful", kind="reasoning")]}  # fmt: skip
+    out = errors_by_kind([item], [trace])
+    assert out["by_step_type"]["object_in_cell"] == {"tp": 0, "fp": 1, "fn": 1, "tn": 0}
+    assert out["by_step_type"]["absence"] == {"tp": 1, "fp": 0, "fn": 0, "tn": 0}
+    assert out["by_step_type"]["count"] == {"tp": 0, "fp": 0, "fn": 1, "tn": 0}
+    assert out["missed_by_error_kind"] == {"colour": 1, "count": 1}
+    assert out["caught_by_error_kind"] == {"existence": 1}
+    assert unchecked_steps([item], [trace]) == {"detector_error": 1}
+
+
+def test_error_kinds_and_step_types_of_claims() -> None:
+    objects = [WorldObject("circle", "red", "large", 0, 0), WorldObject("square", "blue", "small", 1, 1)]
+    cases = {
+        ObjectClaim(Ref("circle", "green", "large", 0, 0)): ("object_in_cell", "colour"),
+        ObjectClaim(Ref("square", "green", "small", 0, 0)): ("object_in_cell", "shape+colour+size"),
+        ObjectClaim(Ref("circle", None, None, 2, 2)): ("object_in_cell", "existence"),
+        ObjectClaim(Ref("circle", "red", None, None, 2)): ("object", "position"),
+        ObjectClaim(Ref("triangle", "red", "large")): ("object", "shape"),
+        ObjectClaim(Ref("circle", "red", "small")): ("object", "size"),
+        CountClaim(2, Ref(shape="circle")): ("count", "count"),
+        CountClaim(0, Ref(colour="blue")): ("absence", "existence"),
+        RelationClaim(Ref(shape="circle"), "below", Ref(shape="square")): ("relation", "position"),
+        RelationClaim(Ref(shape="cross"), "above", Ref(shape="square")): ("relation", "existence"),
+    }
+    for claim, (form, kind) in cases.items():
+        assert (step_type(claim), error_kind(claim, objects)) == (form, kind), claim
+
+
+def test_the_judges_bill_and_the_cascades_decisions_add_up() -> None:
+    summaries = [
+        {"judge": {"calls": 2, "input_tokens": 300, "cached_input_tokens": 64, "output_tokens": 40, "descriptions": 1}},
+        {"judge": {"calls": 1, "input_tokens": 50, "cached_input_tokens": 200, "output_tokens": 9}},
+        {},  # a request whose detector called no judge
+    ]
+    assert judge_bill(summaries) == {"calls": 3, "input_tokens": 350, "cached_input_tokens": 264,
+                                     "cache_creation_tokens": 0, "output_tokens": 49, "descriptions": 1}  # fmt: skip
+    page = (
+        "# TYPE faithproxy_cascade_decisions_total counter\n"
+        'faithproxy_cascade_decisions_total{stage="probe"} 17.0\n'
+        'faithproxy_cascade_decisions_total{stage="judge"} 5.0\n'
+        'faithproxy_cascade_decisions_created{stage="probe"} 1.7e9\n'
+    )
+    assert cascade_decisions(page) == {"probe": 17, "judge": 5}
+
+
+# ------------------------------------------------------------------------------- README table
+
+
+def row_result(detector: str, judge: str | None, upr: float, f1: float, calls: int) -> dict[str, Any]:
+    return {
+        "detector": detector,
+        "judge": judge,
+        "corrected": {"upr": upr, "accuracy": 0.75},
+        "upr_first_draft": 0.15,
+        "upr_detected": 0.12,
+        "detector_vs_ground_truth": {"precision": 0.9, "recall": f1, "f1": f1},
+        "false_flags": {"regeneration_tries": 4, "answers_changed": 2, "right_to_wrong": 1, "wrong_to_right": 1},
+        "judge_bill": {"calls": calls, "input_tokens": 1234, "cached_input_tokens": 5678, "output_tokens": 90},
+        "wall_s": 60.0,
+        "upr_reduction_vs_vanilla": round(1 - upr / 0.15, 4),
+    }
+
+
+RESULT_FIXTURE = {
+    "n_chains": 300,
+    "scenes_seed": 999,
+    "vanilla": {"upr": 0.15, "accuracy": 0.7, "wall_s": 20.0},
+    "detectors": {
+        "judge:learned": row_result("judge", "learned", 0.05, 0.8, 400),
+        "probe": row_result("probe", None, 0.1, 0.5, 0),
+        "cascade": row_result("cascade", "learned", 0.06, 0.79, 150),
+    },
+}
+
+
+def test_the_readme_table_has_a_line_per_configuration_and_the_goals_their_figures() -> None:
+    table = readme_table(RESULT_FIXTURE).splitlines()
+    assert len(table) == 2 + 1 + 3 and table[2].startswith("| vanilla | 0.150 |")
+    assert table[3] == (
+        "| judge:learned | 0.150 | 0.120 | 0.050 | 0.750 | 0.90 / 0.80 / 0.80 | 4, 2 (1 / 1) | 400 | "
+        "1,234 / 5,678 / 90 | 3.0× |"
+    )
+    assert "| – | – | 3.0× |" in table[4]  # the probe calls no judge
+    g = goals(RESULT_FIXTURE)
+    assert g["learned_judge"]["upr_reduction"] == pytest.approx(0.6667, abs=1e-4) and g["learned_judge"]["met"]
+    assert g["cascade"]["calls_saved"] == 0.625 and g["cascade"]["f1_points_lost"] == 1.0
+    assert g["cascade"]["residual_upr_points_from_judge"] == 1.0 and g["cascade"]["met"]
+    assert g["probe"] == {"f1": 0.5, "target_f1": 0.6, "met": False}
+    block = readme_block(RESULT_FIXTURE)
+    assert readme_section(f"intro\n\n{block}\n\nmore") == block and readme_section("no table here") is None
+
+
+def test_readme_table_option_prints_the_table_of_a_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(RESULT_FIXTURE))
+    assert main(["bench", "shapesworld", "--readme-table", str(path)]) == 0
+    assert capsys.readouterr().out == readme_table(RESULT_FIXTURE)
+
+
+@pytest.mark.skipif(not RESULT.is_file(), reason="no committed ShapesWorld detectors result yet")
+def test_the_readmes_shapesworld_table_is_the_committed_results() -> None:
+    result = json.loads(RESULT.read_text(encoding="utf-8"))
+    section = readme_section((REPO / "README.md").read_text(encoding="utf-8"))
+    assert section is not None, "README.md lacks the ShapesWorld detectors table (see shapesworld_report.py)"
+    assert section == readme_block(result), (
+        "README's ShapesWorld table differs from the committed result: paste the output of "
+        "`faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-detectors.json`"
+    )
