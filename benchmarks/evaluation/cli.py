@@ -4,7 +4,7 @@
     faithproxy bench upr FILE [--json]
     faithproxy bench f1 --gold FILE --pred FILE [--json]
     faithproxy bench icc --a FILE --b FILE [--json]
-    faithproxy bench replay --traces FILE --detector NAME [--judge NAME] [--out FILE] [--json]
+    faithproxy bench replay --traces FILE --detector NAME [--judge NAME] [--probe FILE] [--out FILE] [--json]
     faithproxy bench judge-upr FILE --judge NAME [--out FILE] [--json]
     faithproxy bench report --out DIR [--pair NAME VANILLA CORRECTED] [--swap NAME=FILE] ...
     faithproxy bench option-curve FILE --target URL --model M --out FILE
@@ -257,25 +257,42 @@ class Replay:
         parser.add_argument("--kinds", choices=["heuristic", "gold"], default="heuristic", help=kinds_help)
         parser.add_argument("--generator", help="vLLM base URL, for detectors that ask the generator (prompt)")
         parser.add_argument("--model", help="model name for generator calls (default: the trace's model)")
+        parser.add_argument("--probe", help="probe file for --detector probe or cascade (features: the steps' own)")
+        parser.add_argument("--cascade-low", type=float, default=0.1, help="cascade: the probe decides below (0.1)")
+        parser.add_argument("--cascade-high", type=float, default=0.9, help="cascade: and above (0.9)")
         _add_view(parser, "original")
         _add_judges(parser)
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
         from faithproxy.benchmarks.evaluation.labelled import write_chains
-        from faithproxy.benchmarks.evaluation.replay import make_detector, replay
+        from faithproxy.benchmarks.evaluation.replay import make_detector, probe_replay_deps, replay
         from faithproxy.clients.judges import build_judges
+        from faithproxy.detectors.base import Detector
+        from faithproxy.detectors.probe import Probe, ProbeFileError
         from faithproxy.detectors.registry import DETECTORS
 
         chains = _read(args.traces, args.view)[: args.limit]
         # judges only for a detector that uses one (an unknown name is refused by make_detector)
-        uses_judge = args.detector in DETECTORS and DETECTORS.resolve(args.detector).uses_judge
+        known = args.detector in DETECTORS
+        uses_judge = known and DETECTORS.resolve(args.detector).uses_judge
+        reads_hidden = known and DETECTORS.resolve(args.detector).reads_hidden_states
+        deps: dict[str, Any] = {"cascade_low": args.cascade_low, "cascade_high": args.cascade_high}
+        if args.probe and known and not reads_hidden:
+            raise CommandError(f"--probe is for the detectors that read hidden states, not {args.detector!r}")
+        if reads_hidden and not args.probe:
+            raise CommandError(f"detector {args.detector!r} needs --probe FILE (from `faithproxy probe train`)")
+        if args.probe:
+            try:
+                deps |= probe_replay_deps(chains, Probe.load(args.probe), args.model)
+            except ProbeFileError as exc:
+                raise CommandError(f"--probe: {exc}") from exc
         configs = _judge_configs(args.judges) if uses_judge else []
         judges = build_judges(configs)
         default = args.judge or (configs[0].name if configs else None)
         if args.judge and args.judge not in judges:
             raise CommandError(f"--judge {args.judge!r} is not configured (have: {sorted(judges)})")
-        detector = make_detector(args.detector, judges=judges, default_judge=default)
+        detector = make_detector(args.detector, judges=judges, default_judge=default, **deps)
 
         async def go() -> Any:
             generator = None
@@ -289,6 +306,9 @@ class Replay:
                                     kinds=args.kinds, progress=not args.no_progress)  # fmt: skip
             finally:
                 await detector.aclose()
+                stage = getattr(detector, "judge", None)  # the cascade's judge stage holds the backends
+                if isinstance(stage, Detector):
+                    await stage.aclose()
                 if generator is not None:
                     await generator.aclose()
 
@@ -309,6 +329,9 @@ class Replay:
             f"p95 {_fmt(report.latency_p95_s, 3)} s, per step {_fmt(report.detector_s_per_step, 3)} s; "
             f"wall {report.wall_s:.2f} s"
             + (f"; images not found {report.images_missing}" if report.images_missing else ""),
+            *([f"cascade: perception steps decided by the probe {report.decided_by['probe']}, by the judge "
+               f"{report.decided_by['judge']} (probe share {_fmt(report.probe_decided_share, 3)}; thresholds "
+               f"{args.cascade_low}/{args.cascade_high})"] if report.decided_by is not None else []),
         ])  # fmt: skip
         return 0
 

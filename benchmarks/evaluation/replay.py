@@ -17,6 +17,13 @@ leaves its steps unlabelled and is counted; it never stops the replay.
 Images: a chain's `image` that names a readable file (absolute, or relative to `image_dir`) is sent as
 a data URL; a bare sha256 is looked up among the files of `image_dir` by content hash. A chain whose
 image cannot be found is judged without it, and counted (`images_missing`).
+
+Probe and cascade (`probe_replay_deps`): replay captures no hidden states; it reads the features the
+chains' steps carry (`features` / `features_by_recipe`, as `probe_bench collect` writes them and proxy
+traces recorded with FAITHPROXY_RECORD_FEATURES=true hold them). A probe whose model, layers, width or
+recipe the recorded features do not match is refused before anything runs; a step the detector wants
+features for that has none is a failed call (counted in `errors`). For the cascade the report counts
+the perception steps each stage decided (`decided_by`).
 """
 
 from __future__ import annotations
@@ -36,9 +43,16 @@ from typing import Any, Literal
 from faithproxy.benchmarks.evaluation.labelled import KINDS, LabelledChain, LabelledStep
 from faithproxy.benchmarks.evaluation.metrics import f1_by_position, step_f1, upr
 from faithproxy.detectors.base import Detector
+from faithproxy.detectors.probe import Probe, recipe_key, recorded_features
 from faithproxy.detectors.registry import DETECTORS, DetectorDeps, build_detectors, resolve
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import BenchmarkError, DetectorError, FaithproxyError
+from faithproxy.faithcore.errors import (
+    BenchmarkError,
+    DetectorError,
+    FaithproxyError,
+    UpstreamError,
+    UpstreamErrorCode,
+)
 from faithproxy.faithcore.images import ImageRef, parse_image_url
 from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
@@ -159,6 +173,9 @@ class ReplayReport:
     upr_predicted: float | None
     f1: dict[str, Any]  # benchmarks.metrics.F1Result.to_dict() against the input's labels
     f1_by_position: dict[str, Any]  # the unfaithful class on steps i <= 2 and i > 2
+    # the cascade: perception steps whose final verdict each stage gave ({"probe": n, "judge": m}); else None
+    decided_by: dict[str, int] | None = None
+    probe_decided_share: float | None = None  # decided_by["probe"] / all decided
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,15 +199,77 @@ def _messages(question: str, image: ImageRef | None) -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}]
 
 
-def _steps_of(chain: LabelledChain, kinds: Kinds) -> list[Step]:
+def _steps_of(chain: LabelledChain, kinds: Kinds, recipe: str | None = None) -> list[Step]:
+    """The chain's steps as the session would hold them; with `recipe`, each carries its recorded features."""
     steps = []
     for i, s in enumerate(chain.steps):
         if kinds == "gold" and s.kind in KINDS:
             kind = StepKind(s.kind)
         else:
             kind = classify_step(s.text)
-        steps.append(Step(index=i, text=s.text, raw=s.text, kind=kind))
+        step = Step(index=i, text=s.text, raw=s.text, kind=kind)
+        if recipe is not None:
+            step.features = recorded_features(s.extra, recipe)
+        steps.append(step)
     return steps
+
+
+def _probe_of(detector: Detector) -> Probe | None:
+    """The probe file behind a detector that reads hidden states (the probe, or the cascade's probe stage)."""
+    stage = getattr(detector, "probe", None)
+    probe = getattr(stage, "probe", stage)
+    return probe if detector.reads_hidden_states and isinstance(probe, Probe) else None
+
+
+class RecordedHiddenStates:
+    """Stands in for the hidden-states client in replay: the features are the ones the steps carry, so a
+    step without them is a failed call (no vLLM to read them from), never a silent score."""
+
+    def __init__(self, layers: list[int]) -> None:
+        self.layers = list(layers)
+
+    async def step_states(self, *args: Any, **kwargs: Any) -> Any:
+        raise UpstreamError(
+            "this perception step has no recorded features (replay reads features, it captures none: record "
+            "with FAITHPROXY_RECORD_FEATURES=true or probe_bench collect, or replay with --kinds gold)",
+            code=UpstreamErrorCode.NO_HIDDEN_STATES,
+        )
+
+
+def probe_replay_deps(chains: Sequence[LabelledChain], probe: Probe, model: str | None = None) -> dict[str, Any]:
+    """The `probe` and `hidden` DetectorDeps for replaying the probe or the cascade over `chains`.
+
+    ReplayError, before anything runs, when the probe cannot read the chains' recorded features: another
+    model, layers the features lack, another hidden size, another recipe, or no features at all.
+    """
+    models = {model} if model else {str(c.extra["model"]) for c in chains if c.extra.get("model")}
+    others = sorted(m for m in models if m != probe.model)
+    if others:
+        raise ReplayError(f"the probe was trained on hidden states of model {probe.model!r}; the chains are of "
+                          f"{', '.join(map(repr, others))}")  # fmt: skip
+    recipe = recipe_key(probe.recipe)
+    first, recorded, other_recipes = None, 0, set()
+    for chain in chains:
+        for step in chain.steps:
+            features = recorded_features(step.extra, recipe)
+            if features is not None:
+                recorded += 1
+                first = first or features
+            elif step.extra.get("features") or step.extra.get("features_by_recipe"):
+                other_recipes.add(str((step.extra.get("features") or {}).get("recipe", "last_token")))
+                other_recipes.update(step.extra.get("features_by_recipe") or {})
+    if first is None:
+        found = f" (they carry {', '.join(sorted(other_recipes))})" if other_recipes else ""
+        raise ReplayError(f"no step of the chains carries features of the probe's recipe {recipe!r}{found}: "
+                          "record them with FAITHPROXY_RECORD_FEATURES=true or probe_bench collect")  # fmt: skip
+    missing = [layer for layer in probe.layers if layer not in first.layers]
+    if missing:
+        raise ReplayError(f"the probe reads layers {probe.layers}; the recorded features hold layers "
+                          f"{first.layers} (missing {missing})")  # fmt: skip
+    if first.vectors.shape[-1] != probe.hidden_size:
+        raise ReplayError(f"the probe expects hidden size {probe.hidden_size}; the recorded features have "
+                          f"{first.vectors.shape[-1]}")  # fmt: skip
+    return {"probe": probe, "hidden": RecordedHiddenStates(first.layers)}
 
 
 def _accepted_count(verdicts: Sequence[Verdict]) -> int:
@@ -245,7 +324,8 @@ async def replay_chain(
         generator=generator,
         judge=judge,
     )
-    steps = _steps_of(chain, kinds)
+    probe = _probe_of(detector)
+    steps = _steps_of(chain, kinds, recipe_key(probe.recipe) if probe is not None else None)
     latency: dict[int, float] = {}
     errors: dict[int, str] = {}
     out = ChainReplay(LabelledChain(chain.id, chain.question, image=chain.image, answer=chain.answer,
@@ -293,7 +373,20 @@ async def replay_chain(
     return out
 
 
+def _decided_by(predictions: Sequence[LabelledChain]) -> dict[str, int]:
+    """Which cascade stage gave each perception step its final verdict (steps a stage passed over as not
+    reached, then asked again, count once: for the stage that decided them)."""
+    counts = {"probe": 0, "judge": 0}
+    for chain in predictions:
+        for step in chain.steps:
+            reason = step.extra.get("reason")
+            if step.kind == StepKind.PERCEPTION.value and isinstance(reason, str) and reason.startswith("cascade:"):
+                counts["probe" if reason == "cascade:probe" else "judge"] += 1
+    return counts
+
+
 def _judge_counters(detector: Detector) -> tuple[int, int, int] | None:
+    detector = getattr(detector, "judge", None) or detector  # the cascade's judge stage
     if not all(hasattr(detector, a) for a in ("calls", "input_tokens", "output_tokens")):
         return None
     return int(detector.calls), int(detector.input_tokens), int(detector.output_tokens)  # type: ignore[attr-defined]
@@ -341,6 +434,7 @@ async def replay(
     latencies = [x for r in results for x in r.call_latencies]
     predictions = [r.prediction for r in results]
     counters = None if before is None or after is None else [a - b for a, b in zip(after, before, strict=True)]
+    decided = _decided_by(predictions) if detector.reads_hidden_states and detector.uses_judge else None
     report = ReplayReport(
         detector=detector.name,
         judge=judge,
@@ -362,5 +456,7 @@ async def replay(
         upr_predicted=upr(predictions).upr,
         f1=step_f1(chains, predictions).to_dict(),
         f1_by_position=f1_by_position(chains, predictions),
+        decided_by=decided,
+        probe_decided_share=decided["probe"] / sum(decided.values()) if decided and sum(decided.values()) else None,
     )
     return predictions, report

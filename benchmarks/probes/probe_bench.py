@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
 import sys
 import time
@@ -49,20 +51,42 @@ import numpy as np
 from faithproxy.benchmarks.probes import probe_cli
 from faithproxy.clients.hidden_states import Features, HiddenStatesClient, default_layers, server_args
 from faithproxy.clients.vllm import VLLMClient, assistant_text_of
+from faithproxy.detectors.probe import features_of, parse_recipe
 from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
 from faithproxy.faithcore.segmenter import segment_text
+from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, VALIDATION_SEED
 from faithproxy.tinyvlm.processes import supervised
 
 # ---- collect ----------------------------------------------------------------------------------
 
 
-def _shapesworld_items(n: int) -> list[dict[str, Any]]:
+def check_seed(seed: int, *, for_evaluation: bool) -> str:
+    """The split a ShapesWorld scene seed belongs to, or SystemExit when it may not be collected.
+
+    Probes are trained on validation scenes (`corpus.VALIDATION_SEED`, the default): the held-out seed is
+    the benchmark's, so its chains are collected only for evaluation (`--for-evaluation`), and seeds from
+    `corpus.MIN_TRAINING_SEED` up are the generator's own training scenes, never collected at all.
+    """
+    from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED
+
+    if seed >= MIN_TRAINING_SEED:
+        raise SystemExit(f"seed {seed} draws the generator's training scenes (seeds >= {MIN_TRAINING_SEED}): "
+                         f"collect validation chains (--seed {VALIDATION_SEED}) instead")  # fmt: skip
+    if seed == HELDOUT_SEED and not for_evaluation:
+        raise SystemExit(f"seed {seed} is the held-out seed the benchmark scores on: collect training chains "
+                         f"with --seed {VALIDATION_SEED}, or pass --for-evaluation for an evaluation set")  # fmt: skip
+    if for_evaluation:
+        return "heldout" if seed == HELDOUT_SEED else "evaluation"
+    return "validation" if seed == VALIDATION_SEED else f"seed-{seed}"
+
+
+def _shapesworld_items(n: int, seed: int) -> list[dict[str, Any]]:
     from faithproxy.shapesworld.model.corpus import user_message
     from faithproxy.shapesworld.model.evaluate import data_url
     from faithproxy.shapesworld.model.scoring import heldout_items
 
     items = []
-    for item in heldout_items(n):
+    for item in heldout_items(n, seed):
         items.append(
             {
                 "id": item.id,
@@ -75,15 +99,15 @@ def _shapesworld_items(n: int) -> list[dict[str, Any]]:
     return items
 
 
-def _labelled_items(n: int, rate: float) -> list[dict[str, Any]]:
+def _labelled_items(n: int, rate: float, seed: int) -> list[dict[str, Any]]:
     """ShapesWorld labelled chains (reference chains, a share `rate` with a planted perturbed belief),
-    teacher-forced: the chains of `shapesworld/export.py`, on held-out scenes."""
+    teacher-forced: the chains of `shapesworld/export.py`, on the scenes of `seed`."""
     from faithproxy.shapesworld.dataset import generate_items
-    from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, user_message
+    from faithproxy.shapesworld.model.corpus import user_message
     from faithproxy.shapesworld.model.evaluate import data_url
 
     items = []
-    for item in generate_items(HELDOUT_SEED, n, hallucination_rate=rate):
+    for item in generate_items(seed, n, hallucination_rate=rate):
         items.append(
             {
                 "id": item.id,
@@ -158,7 +182,14 @@ def _fixture_labels(item: dict[str, Any], sentences: list[str]) -> list[dict[str
 
 
 async def collect_one(
-    item: dict[str, Any], model: str, vllm: VLLMClient, hidden: HiddenStatesClient, data: str, prompt: bool
+    item: dict[str, Any],
+    model: str,
+    vllm: VLLMClient,
+    hidden: HiddenStatesClient,
+    data: str,
+    prompt: bool,
+    recipes: Sequence[str] = (),
+    images_dir: Path | None = None,
 ) -> dict[str, Any]:
     generated_s = None
     tokens = 0
@@ -187,17 +218,37 @@ async def collect_one(
         step = {"index": i, "text": segment.text, "raw": segment.raw, **label}
         if i in captured:
             step["features"] = Features.last_token(captured[i]).to_json()
+            if recipes:  # further recipes, computed as the probe detector computes them
+                step["features_by_recipe"] = {
+                    key: features_of(captured[i], parse_recipe(key)).to_json() for key in recipes
+                }
             step["prompt"] = verdicts.get(i)
         steps.append(step)
     return {
         "id": item["id"],
         "model": model,
+        **({"seed": item["seed"], "split": item["split"]} if "seed" in item else {}),
+        "question": item["question"],  # the labelled-chain fields, so that bench replay reads the file
+        "image": _save_image(item, images_dir),
         "prompt": item["question"],
         "steps": steps,
         "answer": item["reply"],
         "timings": {"generate_s": generated_s, "completion_tokens": tokens, "capture_s": capture_s,
                     "captured_steps": len(perception)},
     }  # fmt: skip
+
+
+def _save_image(item: dict[str, Any], images_dir: Path | None) -> str | None:
+    """The sha256 of the item's image (how bench replay's --images finds it), written to `images_dir`."""
+    urls = [p["image_url"]["url"] for p in item["messages"][0]["content"] if p.get("type") == "image_url"]
+    if not urls or not urls[0].startswith("data:"):
+        return None
+    data = base64.b64decode(urls[0].partition(",")[2])
+    digest = hashlib.sha256(data).hexdigest()
+    if images_dir is not None:
+        images_dir.mkdir(parents=True, exist_ok=True)
+        (images_dir / f"{item['id']}.png").write_bytes(data)
+    return digest
 
 
 async def _self_check(
@@ -213,18 +264,25 @@ async def _self_check(
 
 async def _collect(args: argparse.Namespace, base_url: str, layers: list[int]) -> list[dict[str, Any]]:
     if args.data == "shapesworld":
-        items = _shapesworld_items(args.n)
+        items = _shapesworld_items(args.n, args.seed)
     elif args.data == "shapesworld-labelled":
-        items = _labelled_items(args.n, args.hallucination_rate)
+        items = _labelled_items(args.n, args.hallucination_rate, args.seed)
     else:
         items = fixture_items()
+    if args.data != "fixture":
+        split = check_seed(args.seed, for_evaluation=args.for_evaluation)
+        for item in items:
+            item |= {"seed": args.seed, "split": split}
+    images_dir = Path(args.images or Path(args.out).with_suffix("").as_posix() + "-images")
     vllm = VLLMClient(base_url, request_timeout_s=600)
     hidden = HiddenStatesClient(vllm, layers)
     gate = asyncio.Semaphore(args.concurrency)
 
     async def one(item: dict[str, Any]) -> dict[str, Any]:
         async with gate:
-            return await collect_one(item, args.served_name, vllm, hidden, args.data, not args.no_prompt)
+            return await collect_one(
+                item, args.served_name, vllm, hidden, args.data, not args.no_prompt, args.recipes, images_dir
+            )
 
     records = await asyncio.gather(*(one(item) for item in items))
     await vllm.aclose()
@@ -235,12 +293,20 @@ async def _collect(args: argparse.Namespace, base_url: str, layers: list[int]) -
 def collect(args: argparse.Namespace) -> int:
     from faithproxy.tinyvlm.serve import start_vllm
 
+    if args.data != "fixture":  # refused before vLLM starts
+        check_seed(args.seed, for_evaluation=args.for_evaluation)
+    for key in args.recipes:
+        parse_recipe(key)
+    if args.served_name is None:  # the proxy's probe refuses requests to another model name
+        from faithproxy.shapesworld.model.evaluate import SERVED_NAME
+
+        args.served_name = SERVED_NAME if args.data != "fixture" else "probe-bench-vlm"
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     n_layers = int((config.get("text_config") or config)["num_hidden_layers"])
     layers = args.layers or default_layers(n_layers)
     storage = Path(args.storage or Path(args.out).parent / "hidden-states")
     storage.mkdir(parents=True, exist_ok=True)
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     server = start_vllm(
         args.model_dir,
         extra_args=server_args(layers, str(storage.resolve())),
@@ -358,9 +424,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model-dir", required=True)
     c.add_argument("--data", choices=("shapesworld", "shapesworld-labelled", "fixture"), required=True)
     c.add_argument("--hallucination-rate", type=float, default=0.25, help="shapesworld-labelled: planted chains")
-    c.add_argument("--n", type=int, default=150, help="shapesworld: held-out items")
+    c.add_argument("--n", type=int, default=150, help="shapesworld: items (scenes) of --seed")
+    c.add_argument("--seed", type=int, default=VALIDATION_SEED,
+                   help=f"shapesworld: scene seed (default {VALIDATION_SEED}, the validation scenes)")  # fmt: skip
+    c.add_argument("--for-evaluation", action="store_true",
+                   help=f"allows seed {HELDOUT_SEED} (held out): evaluation data, refused by probe train")  # fmt: skip
+    c.add_argument("--recipes", nargs="+", default=[], metavar="RECIPE",
+                   help="also store these feature recipes per step (mean_last_K), besides last_token")  # fmt: skip
     c.add_argument("--out", required=True)
-    c.add_argument("--served-name", default="probe-bench-vlm")
+    c.add_argument("--images", help="where the chains' images go (default: OUT without .jsonl + '-images')")
+    c.add_argument("--served-name", help="default: shapesworld-vlm for ShapesWorld data (the bench's name)")
     c.add_argument("--layers", type=int, nargs="+", help="vLLM layer ids (default: a middle and the last)")
     c.add_argument("--storage", help="where vLLM writes hidden-state files (default: beside --out)")
     c.add_argument("--concurrency", type=int, default=4)

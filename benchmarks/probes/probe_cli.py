@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from faithproxy.clients.hidden_states import Features
-from faithproxy.detectors.probe import Probe
+from faithproxy.detectors.probe import Probe, ProbeFileError, parse_recipe, recipe_key, recorded_features
 
 EARLY = 2  # the paper: probes trained on steps i <= 2 lose ~10 AUROC points on i > 2
 
@@ -51,12 +51,24 @@ class Dataset:
     layers: list[int]
     hidden_size: int
     digest: str
+    splits: set[str]  # the records' `split` fields (probe_bench collect writes them): "validation", "heldout", ...
+
+
+def step_features(step: dict[str, Any], recipe: str = "last_token") -> Features | None:
+    """A step's features under `recipe` (a recipe key: `last_token`, `mean_last_4`): its `features`, or
+    the entry of `features_by_recipe` (probe_bench collect --recipes) when those are another recipe's."""
+    return recorded_features(step, recipe)
 
 
 def load_traces(
-    paths: Sequence[str | Path], labels: str, label_file: str | Path | None = None, layers: list[int] | None = None
+    paths: Sequence[str | Path],
+    labels: str,
+    label_file: str | Path | None = None,
+    layers: list[int] | None = None,
+    recipe: str = "last_token",
 ) -> Dataset:
-    """Rows for every perception step with features and a label; `layers` selects captured layers."""
+    """Rows for every perception step with features and a label; `layers` selects captured layers,
+    `recipe` the feature recipe (SystemExit when a step with features lacks that recipe's)."""
     truth: dict[tuple[str, int], bool] = {}
     if label_file is not None:
         for line in Path(label_file).read_text(encoding="utf-8").splitlines():
@@ -66,19 +78,25 @@ def load_traces(
     digest = hashlib.sha256()
     xs, ys, chains, positions = [], [], [], []
     models: set[str] = set()
+    splits: set[str] = set()
     captured: list[int] | None = None
     for path in paths:
         for line in Path(path).read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
             record = json.loads(line)
+            if record.get("split"):
+                splits.add(str(record["split"]))
             for step in record.get("steps") or []:
                 if step.get("kind") != "perception" or not step.get("features"):
                     continue
                 label = _label(record, step, labels, truth, label_file is not None)
                 if label is None:
                     continue
-                features = Features.from_json(step["features"])
+                features = step_features(step, recipe)
+                if features is None:
+                    raise SystemExit(f"{path}: chain {record.get('id')!r} step {step['index']} has no "
+                                     f"features of recipe {recipe!r} (collect with --recipes {recipe})")  # fmt: skip
                 if captured is None:
                     captured = features.layers
                 chosen = layers or captured
@@ -104,6 +122,7 @@ def load_traces(
         layers=list(chosen),
         hidden_size=xs[0].shape[0] // max(1, len(chosen)),
         digest=digest.hexdigest(),
+        splits=splits,
     )
 
 
@@ -256,7 +275,17 @@ def out_of_fold(x: np.ndarray, y: np.ndarray, chains: list[str], kind: str, l2: 
 
 
 def train(args: argparse.Namespace) -> int:
-    data = load_traces(args.traces, args.labels, args.label_file, args.layers)
+    try:
+        recipe = parse_recipe(args.recipe)
+    except ProbeFileError as exc:
+        raise SystemExit(str(exc)) from exc
+    data = load_traces(args.traces, args.labels, args.label_file, args.layers, args.recipe)
+    evaluation = sorted(data.splits & {"heldout", "evaluation"})
+    if evaluation:  # probe_bench collect --for-evaluation: the scenes a benchmark scores on
+        raise SystemExit(
+            f"the traces hold evaluation chains (split {', '.join(evaluation)}): a probe is trained on "
+            "validation chains only (probe_bench collect --seed 997); evaluate it with probe eval"
+        )
     model = args.model or data.model
     if not model:
         raise SystemExit("the traces name no model: give --model")
@@ -287,11 +316,13 @@ def train(args: argparse.Namespace) -> int:
         hidden_size=data.hidden_size,
         classifier=classifier,
         threshold=threshold,
+        recipe=recipe,
         model_digest=args.model_digest,
         training={
             "data_sha256": data.digest,
             "traces": [str(p) for p in args.traces],
             "labels": args.labels,
+            "splits": sorted(data.splits),
             "n_train": int(fit_mask.sum()),
             "n_val": int(val_mask.sum()),
             "chains_train": len(set(chains)),
@@ -301,13 +332,17 @@ def train(args: argparse.Namespace) -> int:
             "classifier": args.classifier,
             "l2": args.l2,
             "seed": args.seed,
+            "val_fraction": args.val_fraction,
             "train_metrics": _round(train_report),
         },
         validation=_round(validation),
     )
     probe.save(args.out)
     _print_report(
-        f"probe for {model}, layers {data.layers}, {args.classifier}", probe.training, validation, train_report
+        f"probe for {model}, layers {data.layers}, {args.recipe}, {args.classifier}",
+        probe.training,
+        validation,
+        train_report,
     )
     print(f"wrote {args.out}")
     return 0
@@ -315,7 +350,7 @@ def train(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
     probe = Probe.load(args.probe)
-    data = load_traces(args.traces, args.labels, args.label_file, probe.layers)
+    data = load_traces(args.traces, args.labels, args.label_file, probe.layers, recipe_key(probe.recipe))
     if data.model and data.model != probe.model:
         raise SystemExit(f"the probe is for model {probe.model!r}; the traces are of {data.model!r}")
     threshold = probe.threshold if args.threshold is None else args.threshold
@@ -367,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "train":
             p.add_argument("--out", required=True, help="the probe file to write")
             p.add_argument("--layers", type=int, nargs="+", help="layer ids to use (default: all captured)")
+            p.add_argument("--recipe", default="last_token", help="feature recipe: last_token or mean_last_K")
             p.add_argument("--model", help="served model name (default: the traces' model)")
             p.add_argument("--model-digest", help="weights digest to record in the probe file")
             p.add_argument("--classifier", choices=("logistic", "mlp"), default="logistic")

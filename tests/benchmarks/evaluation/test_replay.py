@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import numpy as np
 import pytest
 
 from faithproxy.benchmarks.evaluation.labelled import LabelledChain, LabelledStep, read_chains, write_chains
@@ -224,3 +225,126 @@ async def test_judge_replay_with_the_shapesworld_pixel_judge(tmp_path: Path) -> 
     assert report.f1["unfaithful"]["support"] == sum(c.unfaithful_steps for c in gold) > 0
     # the pixel judge reads these scenes exactly (on 40 held-out chains too: docs/offline-evaluation.md)
     assert report.f1["f1"] == 1.0 and report.f1["faithful"]["f1"] == 1.0
+
+
+# ---- the probe and the cascade over recorded features ------------------------------------------
+
+H = 4
+
+
+def _probe(model: str = "tiny-vlm", layers: tuple[int, ...] = (1, 2)) -> Any:
+    """P(unfaithful) = sigmoid(4 * the first value of layer 2)."""
+    from faithproxy.detectors.probe import Probe
+
+    weights = np.zeros(H * len(layers))
+    weights[H * layers.index(2)] = 4.0
+    classifier = {"kind": "logistic", "mean": np.zeros(H * len(layers)), "std": np.ones(H * len(layers)),
+                  "weights": weights, "bias": 0.0}  # fmt: skip
+    return Probe(model=model, layers=list(layers), hidden_size=H, classifier=classifier, threshold=0.5)
+
+
+def _featured(chain_id: str, steps: list[tuple[str, str, bool | None, float | None]]) -> LabelledChain:
+    """A chain whose perception steps carry `last_token` features: layer 2's first value is the signal."""
+    from faithproxy.clients.hidden_states import Features
+
+    out = []
+    for text, kind, faithful, signal in steps:
+        extra = {}
+        if signal is not None:
+            vectors = np.zeros((2, H), dtype=np.float32)
+            vectors[1, 0] = signal
+            extra["features"] = Features(vectors, [1, 2]).to_json()
+        out.append(LabelledStep(text, kind, faithful, None, extra))
+    return LabelledChain(chain_id, "What is shown?", out, extra={"model": "tiny-vlm"})
+
+
+# signals: clearly unfaithful (+3: P 1.0), clearly faithful (-3), uncertain (0: P 0.5) where the judge decides
+FEATURED = [
+    _featured("c1", [("The image shows a car.", "perception", True, -3.0),
+                     ("The car is blue.", "perception", False, 3.0),
+                     ("So the answer is B.", "reasoning", None, None)]),
+    _featured("c3", [("The sky is green.", "perception", False, 0.0),
+                     ("The sun is red.", "perception", False, 3.0)]),
+]  # fmt: skip
+
+
+async def test_probe_replay_reads_the_steps_features() -> None:
+    from faithproxy.benchmarks.evaluation.replay import probe_replay_deps
+
+    detector = make_detector("probe", **probe_replay_deps(FEATURED, _probe()))
+    predictions, report = await replay(FEATURED, detector, kinds="gold", progress=False)
+    assert [s.faithful for s in predictions[0].steps] == [True, False, None]
+    assert [s.faithful for s in predictions[1].steps] == [True, False]  # P 0.5 is not above the threshold 0.5
+    assert predictions[0].steps[1].score == pytest.approx(1 / (1 + np.exp(-12.0)))
+    assert report.errors == 0 and report.judge_calls is None and report.decided_by is None
+    assert (report.f1["unfaithful"]["tp"], report.f1["unfaithful"]["fn"], report.f1["unfaithful"]["fp"]) == (2, 1, 0)
+
+
+async def test_cascade_replay_counts_the_stages(judge: tuple[str, Any]) -> None:
+    from faithproxy.benchmarks.evaluation.replay import probe_replay_deps
+
+    url, _ = judge
+    deps = probe_replay_deps(FEATURED, _probe())
+    detector = make_detector("cascade", judges=_judges(url), default_judge="claude", cascade_low=0.1,
+                             cascade_high=0.9, **deps)  # fmt: skip
+    try:
+        predictions, report = await replay(FEATURED, detector, judge="claude", kinds="gold", progress=False)
+    finally:
+        await detector.judge.aclose()
+    # the uncertain step went to the oracle judge, which knows "The sky is green." is unfaithful
+    assert [s.faithful for s in predictions[1].steps] == [False, False]
+    assert predictions[1].steps[0].extra["reason"].startswith("cascade:")
+    assert report.f1["f1"] == 1.0 and report.errors == 0
+    # each perception step's final verdict: c1's two and c3's second by the probe (the judge flagged c3's
+    # first, so replay asked again about the second), c3's first by the judge
+    assert report.decided_by == {"probe": 3, "judge": 1} and report.probe_decided_share == 0.75
+    assert report.judge_calls == 1
+
+
+async def test_a_perception_step_without_features_is_a_failed_call() -> None:
+    from faithproxy.benchmarks.evaluation.replay import probe_replay_deps
+
+    chains = [*FEATURED, _featured("c9", [("The dog is brown.", "perception", True, None)])]
+    detector = make_detector("probe", **probe_replay_deps(chains, _probe()))
+    predictions, report = await replay(chains, detector, kinds="gold", progress=False)
+    assert report.errors == 1 and predictions[2].steps[0].faithful is None
+    assert "no recorded features" in predictions[2].steps[0].extra["error"]
+
+
+@pytest.mark.parametrize(
+    ("probe_args", "message"),
+    [
+        ({"model": "other-vlm"}, "trained on hidden states of model 'other-vlm'; the chains are of 'tiny-vlm'"),
+        ({"layers": (2, 3)}, "reads layers [2, 3]; the recorded features hold layers [1, 2] (missing [3])"),
+    ],
+)
+def test_replay_cli_refuses_a_probe_the_features_do_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], probe_args: dict[str, Any], message: str
+) -> None:
+    from faithproxy.cli import main as faithproxy
+
+    chains, probe = tmp_path / "chains.jsonl", tmp_path / "probe.json"
+    write_chains(chains, FEATURED)
+    _probe(**probe_args).save(probe)
+    args = ["bench", "replay", "--traces", str(chains), "--detector", "probe", "--probe", str(probe)]
+    assert faithproxy(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replay_cli_probe_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from faithproxy.cli import main as faithproxy
+
+    chains, probe = tmp_path / "chains.jsonl", tmp_path / "probe.json"
+    write_chains(chains, FEATURED)
+    _probe().save(probe)
+    base = ["bench", "replay", "--traces", str(chains)]
+    assert faithproxy([*base, "--detector", "probe"]) == 2
+    assert "'probe' needs --probe FILE" in capsys.readouterr().err
+    assert faithproxy([*base, "--detector", "none", "--probe", str(probe)]) == 2
+    assert "--probe is for the detectors that read hidden states, not 'none'" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert faithproxy([*base, "--detector", "probe", "--probe", str(tmp_path / "bad.json")]) == 2
+    assert "--probe: not a faithproxy probe file" in capsys.readouterr().err
+    assert faithproxy([*base, "--detector", "probe", "--probe", str(probe), "--kinds", "gold", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["f1"]["unfaithful"]["tp"] == 2 and report["errors"] == 0
