@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
+from faithproxy.detectors.probe import REASONING_FORMAT_OPTION
 from faithproxy.faithcore.context import ChainContext
 from faithproxy.faithcore.errors import DetectorError, RegenerationError
 from faithproxy.faithcore.reasoning_formats import get_format
@@ -77,6 +78,8 @@ class ChainSession:
         self.reasoning_format = get_format(
             self.policy.reasoning_format or settings.reasoning_format, settings.think_open_tag, settings.think_close_tag
         )
+        # hidden-state captures render the chain with the think markers the model saw (detectors/probe.py)
+        self.ctx.options[REASONING_FORMAT_OPTION] = self.reasoning_format
         # `include_reasoning: false` asks vLLM to leave the thinking out of the response. The proxy still
         # reads (and checks, and corrects) it, since the answer is written from it: it is dropped on the
         # way out instead.

@@ -170,3 +170,63 @@ def test_chain_prefix_restores_think_tag_for_reasoning_channel() -> None:
     steps = [Step(index=0, text="A.", raw="A.", channel=Channel.REASONING)]
     assert chain_prefix(steps) == "<think>A."
     assert chain_prefix([step(0, "A.", raw="<think>\nA.")]) == "<think>\nA."
+
+
+def test_capture_text_follows_the_reasoning_format() -> None:
+    """The capture's partial message renders the chain as the model saw it: the opening think marker is
+    the model's own (think), the template's (think_prompt: written back, since a partial message replaces
+    the generation prompt's tail), or left to the template (qwen3, which re-renders a think block itself)."""
+    from faithproxy.detectors.probe import capture_texts, chain_text
+    from faithproxy.faithcore.reasoning_formats import get_format
+
+    def parsed(index: int, raw: str, channel: Channel = Channel.REASONING) -> Step:
+        return Step(index=index, text=raw.strip(), raw=raw, channel=channel, kind=StepKind.PERCEPTION)
+
+    think, prompt, qwen3 = get_format("think"), get_format("think_prompt"), get_format("qwen3")
+    accepted = [parsed(0, "\nThe ball is red.")]
+    assert chain_text(accepted, think) == "<think>\nThe ball is red."
+    assert chain_text(accepted, prompt) == "<think>\n\nThe ball is red."
+    assert chain_text([parsed(0, "The ball is red.")], prompt) == "<think>\nThe ball is red."
+    assert chain_text([parsed(0, "The ball is red.")], qwen3) == "The ball is red."
+    # unparsed (all in content): think_prompt's model never wrote the marker; think's did
+    assert chain_text([parsed(0, "The ball is red.", Channel.CONTENT)], prompt) == "<think>\nThe ball is red."
+    assert chain_text([parsed(0, "<think>\nThe ball is red.", Channel.CONTENT)], think) == "<think>\nThe ball is red."
+    # an answer step after parsed thinking: the closing marker the parser dropped is back
+    both = [parsed(0, "The ball is red."), parsed(1, "\n\nIt is red.", Channel.CONTENT)]
+    assert chain_text(both, prompt) == "<think>\nThe ball is red.</think>\n\nIt is red."
+    # the first batch of a chain (nothing accepted yet) keeps the marker in front of its first step
+    prefix, pieces = capture_texts([], both, prompt)
+    assert (prefix, pieces) == ("<think>\n", ["The ball is red.", "</think>\n\nIt is red."])
+    assert capture_texts(both[:1], both[1:], prompt) == ("<think>\nThe ball is red.", ["</think>\n\nIt is red."])
+
+
+async def test_detector_captures_with_the_requests_format() -> None:
+    from faithproxy.detectors.probe import REASONING_FORMAT_OPTION
+    from faithproxy.faithcore.reasoning_formats import get_format
+
+    hidden = FakeHidden(scores={"The ball is red.": 2.0})
+    detector = ProbeDetector(make_probe(), hidden)
+    first = Step(index=0, text="The ball is red.", raw="The ball is red.", channel=Channel.REASONING,
+                 kind=StepKind.PERCEPTION)  # fmt: skip
+    verdicts = await detector.check(ctx(**{REASONING_FORMAT_OPTION: get_format("think_prompt")}), [first])
+    assert hidden.texts == ["<think>\nThe ball is red."] and verdicts[0].faithfulness is Faithfulness.UNFAITHFUL
+    # features of another recipe (a trace's) are read again under the probe's own
+    first.features = Features(np.zeros((2, H), dtype=np.float32), LAYERS, recipe="mean_last_4")
+    await detector.check(ctx(**{REASONING_FORMAT_OPTION: get_format("qwen3")}), [first])
+    assert hidden.texts[-1] == "The ball is red." and first.features.recipe == "last_token"
+
+
+def test_mean_last_recipe() -> None:
+    from faithproxy.detectors.probe import features_of, parse_recipe
+
+    states = np.arange(4 * 2 * H, dtype=np.float32).reshape(4, 2, H)
+    got = features_of(HiddenStates(np.arange(4), states, LAYERS), parse_recipe("mean_last_2"))
+    assert got.recipe == "mean_last_2" and np.allclose(got.vectors, states[2:].mean(0))
+    assert features_of(HiddenStates(np.arange(4), states, LAYERS), parse_recipe("last_token")).recipe == "last_token"
+    with pytest.raises(ProbeFileError, match="unknown feature recipe 'mean_last_0'"):
+        parse_recipe("mean_last_0")
+    data = make_probe(recipe=parse_recipe("mean_last_8")).to_json()
+    assert Probe.from_json(data).recipe == {"name": "mean_last", "tokens": 8, "standardize": True}
+    data["recipe"] = {"name": "mean_last", "tokens": "8"}
+    with pytest.raises(ProbeFileError, match="whole number of tokens"):
+        Probe.from_json(data)
