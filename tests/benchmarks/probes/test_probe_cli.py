@@ -76,3 +76,48 @@ def test_metrics() -> None:
     assert probe_cli.auroc(y, np.array([0.5] * 5)) == 0.5
     m = probe_cli.binary_metrics(y, np.array([1, 1, 0, 0, 0]))
     assert (m["precision"], m["recall"], m["f1"]) == (0.5, 0.5, 0.5)
+
+
+def test_collect_takes_validation_scenes_and_refuses_the_benchmarks(tmp_path: Path) -> None:
+    """Probe training data comes from the validation seed; the held-out seed only as an evaluation set
+    (which probe train then refuses), the generator's training seeds never. Refused before vLLM starts."""
+    from faithproxy.benchmarks.probes import probe_bench
+
+    assert probe_bench.check_seed(997, for_evaluation=False) == "validation"
+    assert probe_bench.check_seed(999, for_evaluation=True) == "heldout"
+    assert probe_bench.build_parser().parse_args(["collect", "--model-dir", "m", "--data", "shapesworld",
+                                                  "--out", "o"]).seed == 997  # fmt: skip
+    out = str(tmp_path / "f.jsonl")
+    with pytest.raises(SystemExit, match="seed 999 is the held-out seed the benchmark scores on"):
+        probe_bench.main(["collect", "--model-dir", "nowhere", "--data", "shapesworld", "--seed", "999", "--out", out])
+    with pytest.raises(SystemExit, match="draws the generator's training scenes"):
+        probe_bench.main(["collect", "--model-dir", "nowhere", "--data", "shapesworld", "--seed", "1000",
+                          "--for-evaluation", "--out", out])  # fmt: skip
+
+    traces = tmp_path / "t.jsonl"
+    write_traces(traces, 10, seed=5)
+    lines = [json.loads(line) | {"seed": 999, "split": "heldout"} for line in traces.read_text().splitlines()]
+    traces.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(SystemExit, match=r"evaluation chains \(split heldout\)"):
+        probe_cli.main(["train", "--traces", str(traces), "--labels", "file", "--out", str(tmp_path / "p.json")])
+
+
+def test_train_with_another_recipe_reads_its_features(tmp_path: Path) -> None:
+    """`--recipe mean_last_K` takes `features_by_recipe` (probe_bench collect --recipes); the probe file
+    records the recipe, and a trace without those features is refused with the collect flag to use."""
+    traces = tmp_path / "t.jsonl"
+    write_traces(traces, 40, seed=6)
+    lines = [json.loads(line) for line in traces.read_text().splitlines()]
+    for line in lines:
+        for step in line["steps"]:
+            if "features" in step:  # the signal only in the mean_last_4 vectors
+                step["features_by_recipe"] = {"mean_last_4": step["features"]}
+                step["features"] = Features(np.zeros((2, 6), dtype=np.float32), [1, 2]).to_json()
+    traces.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "p.json"
+    probe_cli.main(["train", "--traces", str(traces), "--labels", "file", "--out", str(out), "--recipe", "mean_last_4"])
+    probe = Probe.load(out)
+    assert probe.recipe["name"] == "mean_last" and probe.recipe["tokens"] == 4 and probe.validation["f1"] > 0.8
+    with pytest.raises(SystemExit, match="collect with --recipes mean_last_8"):
+        probe_cli.main(["train", "--traces", str(traces), "--labels", "file", "--out", str(out),
+                        "--recipe", "mean_last_8"])  # fmt: skip
