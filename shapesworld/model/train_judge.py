@@ -71,7 +71,10 @@ def load_start(init: Path, smoke: bool, seed: int) -> tuple[Any, Any]:
 
 
 def add_judge_tokens(model: Any, tokenizer: Any) -> list[int]:
-    """Adds JUDGE_TOKENS to the tokenizer and rows for them to both embedding matrices."""
+    """Adds JUDGE_TOKENS to the tokenizer and rows for them to both embedding matrices; nothing when
+    the tokenizer has them (a judge checkpoint to continue from)."""
+    if all(token in tokenizer.get_vocab() for token in JUDGE_TOKENS):
+        return tokenizer.convert_tokens_to_ids(list(JUDGE_TOKENS))
     pieces = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in JUDGE_TOKENS]
     tokenizer.add_tokens(list(JUDGE_TOKENS))
     ids = tokenizer.convert_tokens_to_ids(list(JUDGE_TOKENS))
@@ -174,6 +177,22 @@ def evaluate(model: Any, processor: Any, samples: Sequence[Sample]) -> dict[str,
 # --- training ------------------------------------------------------------------------------------
 
 
+def verdict_weights(labels: torch.Tensor, tokenizer: Any, weight: float) -> torch.Tensor:
+    """Loss weight of each learned token (the labels that are not IGNORE, in order): the verdict
+    (FAITHFUL / UNFAITHFUL) and the number of the first unfaithful sentence weigh `weight`, the rest 1.
+    Those two tokens are what the detector acts on, and one of thirty in a reply: at equal weight the
+    format (typing lines, field names) dominates the loss long after it is learned."""
+    verdicts = torch.tensor(tokenizer.convert_tokens_to_ids(["FAITHFUL", "UNFAITHFUL"]))
+    field = tokenizer.convert_tokens_to_ids("[First unfaithful sentence]:")
+    marked = torch.isin(labels, verdicts)
+    at = (labels == field).nonzero()
+    for row, col in at.tolist():  # "[First unfaithful sentence]:", " ", then the number
+        if col + 2 < labels.shape[1]:
+            marked[row, col + 2] = True
+    weights = torch.where(marked, weight, 1.0)
+    return weights[labels != IGNORE]
+
+
 def learning_rate(step: int, lr: float, warmup: int) -> float:
     return lr * min(1.0, step / warmup)
 
@@ -189,8 +208,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     stream = judge_stream(judge_seed(args.seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     report: dict[str, Any] = {"command": " ".join(sys.argv), "init": str(args.init), "checkpoints": []}
-    report["start"] = evaluate(model, processor, validation)
-    print(f"start: {json.dumps(report['start'])}", flush=True)
+    if args.eval_start:
+        report["start"] = evaluate(model, processor, validation)
+        print(f"start: {json.dumps(report['start'])}", flush=True)
     model.train()
     step, since, losses = 0, 0.0, []
     while True:
@@ -201,7 +221,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             group["lr"] = learning_rate(step, args.lr, args.warmup)
         logits = model(**batch.tensors, use_cache=False).logits
         mask = batch.labels != IGNORE
-        loss = torch.nn.functional.cross_entropy(logits[mask].float(), batch.labels[mask])
+        token_loss = torch.nn.functional.cross_entropy(logits[mask].float(), batch.labels[mask], reduction="none")
+        weights = verdict_weights(batch.labels, processor.tokenizer, args.verdict_weight)
+        loss = (token_loss * weights).sum() / weights.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -241,7 +263,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m faithproxy.shapesworld.model.train_judge", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--init", type=Path, default=WEIGHTS_DIR, help="the generator's weights to start from")
+    parser.add_argument(
+        "--init",
+        type=Path,
+        default=WEIGHTS_DIR,
+        help="weights to start from: the generator's, or a judge checkpoint to continue (with another --seed)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--max-steps", type=int)
@@ -249,8 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--verdict-weight", type=float, default=1.0, help="loss weight of the verdict and its number")
     parser.add_argument("--validation", type=int, default=200, help="validation calls per checkpoint")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--eval-start", action="store_true", help="also score the starting weights")
     parser.add_argument("--smoke", action="store_true", help="a fresh tiny model and a few steps: for CI")
     args = parser.parse_args(argv)
     if args.smoke:
