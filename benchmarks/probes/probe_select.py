@@ -14,6 +14,7 @@ scenes) are refused, so the held-out chains never take part in the choice.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -30,6 +31,18 @@ from faithproxy.benchmarks.probes import probe_cli
 def _layer_set(text: str) -> list[int] | None:
     """`3,6` → [3, 6]; `all` → None (every captured layer)."""
     return None if text == "all" else [int(x) for x in text.split(",")]
+
+
+def select_layers(data: probe_cli.Dataset, layers: list[int] | None) -> probe_cli.Dataset:
+    """The same rows with only `layers`' columns (None: all), in the order given."""
+    if layers is None:
+        return data
+    missing = [layer for layer in layers if layer not in data.layers]
+    if missing:
+        raise SystemExit(f"layers {missing} were not captured (have {data.layers})")
+    h = data.hidden_size
+    columns = np.concatenate([np.arange(h) + h * data.layers.index(layer) for layer in layers])
+    return dataclasses.replace(data, x=data.x[:, columns], layers=list(layers))
 
 
 def chain_folds(chains: list[str], folds: int, seed: int) -> np.ndarray:
@@ -84,16 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'recipe':<13} {'layers':<16} {'classifier':<9} {'l2':>7} {'F1':>6} {'±':>5} {'P':>6} {'R':>6} "
           f"{'AUROC':>6}  n/unfaithful/chains  seconds")  # fmt: skip
     for recipe in args.recipes:
+        full = probe_cli.load_traces(args.traces, args.labels, None, None, recipe)  # every captured layer, once
+        evaluation = full.splits & {"heldout", "evaluation"}
+        if evaluation:
+            raise SystemExit(f"the traces hold evaluation chains ({sorted(evaluation)}): choose on validation data")
+        if args.max_chains:
+            keep = np.isin(np.asarray(full.chain), sorted(set(full.chain))[: args.max_chains])
+            full.x, full.y, full.position = full.x[keep], full.y[keep], full.position[keep]
+            full.chain = [c for c, k in zip(full.chain, keep, strict=True) if k]
         for layers_text in args.layer_sets:
-            data = probe_cli.load_traces(args.traces, args.labels, None, _layer_set(layers_text), recipe)
-            evaluation = data.splits & {"heldout", "evaluation"}
-            if evaluation:
-                raise SystemExit(f"the traces hold evaluation chains ({sorted(evaluation)}): choose on validation")
-            if args.max_chains:
-                keep = sorted(set(data.chain))[: args.max_chains]
-                mask = np.isin(np.asarray(data.chain), keep)
-                data.x, data.y, data.position = data.x[mask], data.y[mask], data.position[mask]
-                data.chain = [c for c, m in zip(data.chain, mask, strict=True) if m]
+            data = select_layers(full, _layer_set(layers_text))
             for kind in args.classifiers:
                 for l2 in args.l2:
                     started = time.perf_counter()
@@ -106,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if args.out:
                         row = {"recipe": recipe, "layers": data.layers, "classifier": kind, "l2": l2,
                                "folds": args.folds, "seed": args.seed, "traces": args.traces,
-                               "data_sha256": data.digest, **result}  # fmt: skip
+                               "data_sha256": full.digest, **result}  # fmt: skip
                         with Path(args.out).open("a", encoding="utf-8") as handle:
                             handle.write(json.dumps(row) + "\n")
     return 0
