@@ -14,8 +14,6 @@ from typing import Any
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from faithproxy.server.settings import Settings
 
     overrides = {
@@ -31,16 +29,19 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(**overrides)
     if args.workers > 1:
         return _serve_workers(settings, overrides, args)
+    from uvicorn.config import STARTUP_FAILURE
+
+    from faithproxy.server import uvicorn_server
     from faithproxy.server.app import create_app
 
-    uvicorn.run(
+    started = uvicorn_server.run(  # uvicorn.run's single process, with a once-a-second housekeeping tick
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
     )
-    return 0
+    return 0 if started else STARTUP_FAILURE
 
 
 def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Namespace) -> int:

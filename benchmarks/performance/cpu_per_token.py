@@ -63,6 +63,11 @@ class Config:
     def uses_judge(self) -> bool:
         return self.detector == "judge"
 
+    @property
+    def key(self) -> str:
+        """How --configs names it: mode/detector/stream or mode/detector/non-stream."""
+        return f"{self.mode}/{self.detector}/{'stream' if self.stream else 'non-stream'}"
+
 
 CONFIGS = [
     Config(mode, detector, stream)
@@ -74,6 +79,7 @@ CONFIGS = [
 @dataclass
 class Tally:
     cpu_s: float = 0.0
+    wall_s: float = 0.0
     tokens: int = 0
     requests: int = 0
     errors: int = 0
@@ -83,12 +89,31 @@ class Tally:
     def per_token_us(self) -> float | None:
         return round(self.cpu_s / self.tokens * 1e6, 1) if self.tokens else None
 
+    def idle_share_us(self, idle_cpu_per_s: float | None) -> float | None:
+        """What the proxy would have spent over the batch's wall time serving nothing, per token."""
+        if idle_cpu_per_s is None or not self.tokens:
+            return None
+        return round(idle_cpu_per_s * self.wall_s / self.tokens * 1e6, 1)
+
 
 @dataclass
 class Proxy:
     name: str
     url: str
     child: processes.Child
+
+
+def select(keys: str | None) -> list[Config]:
+    """The configurations --configs names (comma-separated keys, a `mode/detector` key meaning both
+    streamed and not), in CONFIGS' order; all of them without --configs."""
+    if not keys:
+        return list(CONFIGS)
+    wanted = {k.strip() for k in keys.split(",") if k.strip()}
+    chosen = [c for c in CONFIGS if c.key in wanted or f"{c.mode}/{c.detector}" in wanted]
+    known = {c.key for c in CONFIGS} | {f"{c.mode}/{c.detector}" for c in CONFIGS}
+    if unknown := wanted - known:
+        raise SystemExit(f"--configs: unknown {sorted(unknown)}; known: {sorted(known)}")
+    return chosen
 
 
 def questions(count: int) -> list[tuple[str, str]]:
@@ -164,11 +189,21 @@ async def batch(
                 if len(tally.examples) < 3:
                     tally.examples.append(error)
 
-    before = cpu_seconds(proxy.child.process.pid)
+    before, started = cpu_seconds(proxy.child.process.pid), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await asyncio.sleep(0.2)  # the proxy writes traces and counts after the last byte
     tally.cpu_s = cpu_seconds(proxy.child.process.pid) - before
+    tally.wall_s = time.perf_counter() - started
     return tally
+
+
+async def idle_cpu(proxies: list[Proxy], seconds: float) -> dict[str, float]:
+    """Each proxy's CPU seconds per second while it serves nothing (its event loop's own wake-ups):
+    part of every figure, and a large part when the upstream is slow (few tokens per second)."""
+    pids = {p.name: p.child.process.pid for p in proxies}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    await asyncio.sleep(seconds)
+    return {name: (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
 async def judge_requests(http: httpx.AsyncClient, judge_url: str) -> int:
@@ -177,21 +212,23 @@ async def judge_requests(http: httpx.AsyncClient, judge_url: str) -> int:
 
 async def measure(
     proxies: list[Proxy], judge_url: str, model: str, args: argparse.Namespace
-) -> dict[str, dict[str, Tally]]:
+) -> tuple[dict[str, dict[str, Tally]], dict[str, float]]:
     asked = questions(max(args.requests, 16))
     per_round = max(1, args.requests // args.rounds)
-    tallies = {p.name: {c.name: Tally() for c in CONFIGS} for p in proxies}
+    configs = select(args.configs)
+    tallies = {p.name: {c.name: Tally() for c in configs} for p in proxies}
     limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=args.concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
         warm = [request_body(model, q, i, True, args.max_tokens) for q, i in asked[:4]]
         for proxy in proxies:  # caches, connections, lazily loaded modules
-            for config in CONFIGS:
+            for config in configs:
                 await batch(http, proxy, config, warm[:2], 2)
+        idle = await idle_cpu(proxies, args.idle_s) if args.idle_s > 0 else {}
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds} ...", file=sys.stderr, flush=True)
             start = r * per_round
             chosen = [asked[(start + k) % len(asked)] for k in range(per_round)]
-            order = CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]
+            order = configs[r % len(configs) :] + configs[: r % len(configs)]
             for config in order:
                 bodies = [request_body(model, q, i, config.stream, args.max_tokens) for q, i in chosen]
                 for proxy in proxies if r % 2 == 0 else list(reversed(proxies)):
@@ -200,19 +237,23 @@ async def measure(
                     got.judge_calls = await judge_requests(http, judge_url) - calls_before
                     total = tallies[proxy.name][config.name]
                     total.cpu_s += got.cpu_s
+                    total.wall_s += got.wall_s
                     total.tokens += got.tokens
                     total.requests += got.requests
                     total.errors += got.errors
                     total.judge_calls += got.judge_calls
                     total.examples += got.examples[: 3 - len(total.examples)]
-    return tallies
+    return tallies, idle
 
 
-def report(tallies: dict[str, dict[str, Tally]]) -> dict[str, Any]:
+def report(tallies: dict[str, dict[str, Tally]], idle: dict[str, float] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for proxy, by_config in tallies.items():
+        idle_rate = (idle or {}).get(proxy)
         rows: dict[str, Any] = {}
         for config in CONFIGS:
+            if config.name not in by_config:
+                continue  # not measured (--configs)
             t = by_config[config.name]
             row: dict[str, Any] = {
                 "cpu_us_per_token": t.per_token_us(),
@@ -221,10 +262,13 @@ def report(tallies: dict[str, dict[str, Tally]]) -> dict[str, Any]:
                 "tokens_per_request": round(t.tokens / t.requests, 1) if t.requests else None,
                 "errors": t.errors,
             }
+            if idle_rate is not None:
+                row["idle_us_per_token"] = t.idle_share_us(idle_rate)
             if t.examples:
                 row["error_examples"] = t.examples
             if config.uses_judge:
-                base = by_config[Config("correct", "none", config.stream).name].per_token_us()
+                base_tally = by_config.get(Config("correct", "none", config.stream).name)
+                base = base_tally.per_token_us() if base_tally is not None else None
                 mine = t.per_token_us()
                 row["judge_calls"] = t.judge_calls
                 if base is not None and mine is not None:
@@ -245,18 +289,22 @@ def render(result: dict[str, Any]) -> str:
     head = ["configuration", *(f"{p} µs/token" for p in proxies), "tokens/request", "judge share µs/token"]
     rows = [head]
     for config in CONFIGS:
+        if config.name not in result["proxies"][proxies[0]]:
+            continue
         first = result["proxies"][proxies[0]][config.name]
         share = first.get("judge_client_us_per_token")
         rows.append(
             [
                 config.name,
-                *(str(result["proxies"][p][config.name]["cpu_us_per_token"]) for p in proxies),
+                *(_cell(result["proxies"][p][config.name]) for p in proxies),
                 str(first["tokens_per_request"]),
                 "–" if share is None else f"{share} ({first.get('judge_client_ms_per_call')} ms/call)",
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) for row in rows]
+    for proxy, rate in result.get("idle_cpu_ms_per_s", {}).items():
+        lines.append(f"{proxy} idle: {rate} ms of CPU per second (in brackets: its share of each figure)")
     for proxy in proxies:
         for name, row in result["proxies"][proxy].items():
             if row["errors"]:
@@ -264,6 +312,11 @@ def render(result: dict[str, Any]) -> str:
             if "goal_met" in row:
                 lines.append(f"goal {proxy} {name} <= {row['goal_us']} µs/token: {row['goal_met']}")
     return "\n".join(lines)
+
+
+def _cell(row: dict[str, Any]) -> str:
+    idle = row.get("idle_us_per_token")
+    return str(row["cpu_us_per_token"]) + ("" if idle is None else f" (idle {idle})")
 
 
 def _judges(judge_url: str) -> str:
@@ -319,12 +372,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for proxy in proxies:
             proxy.child.wait_healthy(f"{proxy.url}/readyz", 60)
         started_at = time.perf_counter()
-        tallies = asyncio.run(measure(proxies, judge_url, model, args))
+        tallies, idle = asyncio.run(measure(proxies, judge_url, model, args))
         wall = time.perf_counter() - started_at
     finally:
         processes.stop_all(started)
     return {
-        "proxies": report(tallies),
+        "proxies": report(tallies, idle),
+        "idle_cpu_ms_per_s": {name: round(rate * 1000, 3) for name, rate in idle.items()},
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "workdir")} | {"model": model},
         "machine": {
             "cpus": os.cpu_count(),
@@ -343,8 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="the requests are split over this many rounds")
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument(
+        "--idle-s", type=float, default=10.0, help="seconds of each proxy's idle CPU to measure (0: none)"
+    )
     parser.add_argument("--model-dir", help="default: the ShapesWorld model (shapesworld/model/weights)")
     parser.add_argument("--vllm-url", help="an already running vLLM (then --model-dir is not used)")
+    parser.add_argument(
+        "--configs", help="only these, comma-separated: mode/detector[/stream|/non-stream], e.g. off/none/stream"
+    )
     parser.add_argument("--baseline", metavar="SITE", help="also measure the faithproxy installed in SITE")
     parser.add_argument("--workdir", help="logs (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from faithproxy.benchmarks.performance.cpu_per_token import CONFIGS, Config, Tally, render, report, request_body
+import pytest
+
+from faithproxy.benchmarks.performance.cpu_per_token import CONFIGS, Config, Tally, render, report, request_body, select
 
 
 def test_per_token_figures_judge_share_and_goals() -> None:
@@ -26,3 +28,19 @@ def test_requests_carry_the_image_and_ask_for_usage_when_streamed() -> None:
     assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 64
     assert body["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png")
     assert "stream_options" not in request_body("m", "q", "data:,", False, 64)
+
+
+def test_configs_select_by_key_and_the_report_keeps_only_those() -> None:
+    chosen = select("off/none/stream,correct/none")
+    assert [c.key for c in chosen] == ["off/none/stream", "correct/none/stream", "correct/none/non-stream"]
+    assert select(None) == CONFIGS
+    with pytest.raises(SystemExit):
+        select("off/judge")
+    tallies = {c.name: Tally(cpu_s=0.1, tokens=1000, requests=10) for c in chosen}
+    tallies[Config("off", "none", True).name].wall_s = 20.0
+    figures = report({"faithproxy": tallies}, {"faithproxy": 0.001})["faithproxy"]
+    assert set(figures) == {c.name for c in chosen}
+    # 1 ms of idle CPU per second over the batch's 20 s, spread over its 1,000 tokens: 20 µs each
+    assert figures["off/none stream"]["idle_us_per_token"] == 20.0
+    result = {"proxies": report({"faithproxy": tallies}, {"faithproxy": 0.001}), "idle_cpu_ms_per_s": {"faithproxy": 1}}
+    assert "100.0 (idle 20.0)" in render(result) and "faithproxy idle: 1 ms" in render(result)
