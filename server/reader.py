@@ -9,6 +9,7 @@ What the items mean is decided by the correction core (server/correction.py), no
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,56 @@ class RoundFailed:
 Item = Step | TextDelta | ExtraDelta | TrailingRaw | RoundEnd | RoundFailed
 
 
+class ItemQueue:
+    """The round's items in order (and, in detect mode, the checker's results), for the session.
+
+    Like an asyncio.Queue with one consumer, except that items of the `quiet` types do not wake it:
+    `get` waits until an item of another type is queued, then returns the first item, whatever its
+    type. correct mode makes text deltas quiet: the core only counts them, and they are all taken,
+    in order, with the next step or at the next drain (`_receive_ready`), so the core sees the same
+    items in the same order, but the session's task wakes once per step instead of once per token.
+    """
+
+    def __init__(self, quiet: tuple[type, ...] = ()) -> None:
+        self._items: deque[Any] = deque()
+        self._quiet = quiet
+        self._waking = 0  # queued items not of a quiet type
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        if isinstance(item, self._quiet):
+            return
+        self._waking += 1
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Any:
+        """The first item, once an item that wakes is queued."""
+        while not self._waking:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.get_nowait()
+
+    def get_nowait(self) -> Any:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        item = self._items.popleft()
+        if not isinstance(item, self._quiet):
+            self._waking -= 1
+        return item
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
 @dataclass
 class RoundReader:
     """Reads `body` as a stream and puts Items on `queue`, numbering steps from `first_index`.
@@ -69,7 +120,7 @@ class RoundReader:
     `tags`: the markers that bound steps (the reasoning format's). `in_answer`: the round continues a
     chain after its think block, so every text field is answer text: vLLM 0.32's parsers read that from
     the prompt, but a parser that starts every stream inside the thinking would put the answer in
-    `reasoning`.
+    `reasoning`. `queue`: an ItemQueue; the session's makes text deltas quiet in correct mode.
     """
 
     generator: VLLMClient
@@ -77,7 +128,7 @@ class RoundReader:
     first_index: int
     # Items, in order. The session may post its own events into the same queue (detect mode's check
     # results), so that it waits on one queue for whatever comes first.
-    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    queue: ItemQueue = field(default_factory=ItemQueue)
     tags: tuple[str, ...] = THINK_TAGS
     in_answer: bool = False
 

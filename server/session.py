@@ -48,7 +48,7 @@ from faithproxy.server.correction import (
 )
 from faithproxy.server.metrics import Metrics, detector_error_label
 from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.reader import RoundReader
+from faithproxy.server.reader import ItemQueue, RoundReader, TextDelta
 from faithproxy.server.settings import Settings
 
 __all__ = ["ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "SessionStats"]
@@ -119,6 +119,9 @@ class ChainSession:
                         self.generator,
                         self._round_body(action),
                         first_index=len(self.steps),
+                        # correct mode: a text delta is only counted by the core, so it wakes nobody; the
+                        # session takes it with the next item that does (server/reader.py, ItemQueue).
+                        queue=ItemQueue(quiet=() if detect else (TextDelta,)),
                         tags=self.reasoning_format.tags,
                         in_answer=action.continuation is not None and action.continuation.in_answer,
                     )
@@ -164,7 +167,7 @@ class ChainSession:
             tasks.create_task(reader.run())
             tasks.create_task(self._checker(checks, reader.queue))
 
-    async def _checker(self, checks: asyncio.Queue[Check], results: asyncio.Queue[Any]) -> None:
+    async def _checker(self, checks: asyncio.Queue[Check], results: ItemQueue) -> None:
         while True:
             check = await checks.get()
             try:
