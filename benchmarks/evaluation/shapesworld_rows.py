@@ -382,7 +382,9 @@ def score_rows(items: Sequence[Item], raw: dict[str, Any], detectors: Sequence[s
             "prefix_caches_reset": raw[name].get("prefix_caches_reset"),
             "upr_reduction_vs_vanilla": round(1 - corrected["upr"] / vanilla["upr"], 4) if vanilla["upr"] else 0.0,
         }
-        if raw[name].get("cascade_decisions"):
-            entry["cascade_decisions"] = raw[name]["cascade_decisions"]
+        if "generator_requests" in raw[name]:  # rows behind the router: chains/regenerations vs captures
+            entry["generator_requests"] = raw[name]["generator_requests"]
+        if row.detector == "cascade":  # the proxy's counter exists (at 0) under every detector
+            entry["cascade_decisions"] = raw[name].get("cascade_decisions") or {}
         rows[name] = entry
     return rows

@@ -51,6 +51,22 @@ def server(transformers_replies: list[str], tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
+def judge_server(server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The learned judge on a second vLLM, started as `faithproxy bench shapesworld` starts it."""
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import JUDGE_WEIGHTS_DIR, start_judge
+    from faithproxy.tinyvlm.serve import VLLMStartError
+
+    if not (JUDGE_WEIGHTS_DIR / "config.json").is_file():
+        pytest.skip("no committed judge weights")
+    try:
+        judge = start_judge(JUDGE_WEIGHTS_DIR, tmp_path_factory.mktemp("judge-vllm") / "vllm.log")
+    except VLLMStartError as exc:
+        pytest.fail(str(exc))
+    with judge:
+        yield judge
+
+
+@pytest.fixture(scope="module")
 def client(server: Any) -> Any:
     from faithproxy.shapesworld.model.evaluate import VLLMClient
 
@@ -68,13 +84,22 @@ def test_vllm_answers_with_well_formed_chains_identical_to_transformers(
 
 
 async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth(
-    server: Any, client: Any, heldout: list[Any], tmp_path: Any
+    server: Any, judge_server: Any, client: Any, heldout: list[Any], tmp_path: Any
 ) -> None:
-    """A small `faithproxy bench shapesworld` run: real vLLM, the proxy, the pixel judge over HTTP."""
-    from faithproxy.benchmarks.evaluation.shapesworld_bench import chain_scores, draft_scores, labelled_record, run_all
+    """A small `faithproxy bench shapesworld` run: real vLLM, the proxy, the pixel judge over HTTP, and
+    the learned judge on a second real vLLM through the OpenAI-compatible judge backend."""
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import (
+        chain_scores,
+        draft_scores,
+        labelled_record,
+        run_all,
+        score_rows,
+    )
 
     items = heldout[:5]
-    raw = await run_all(server.base_url, items, ["judge"], 5, tmp_path, 3)
+    raw = await run_all(
+        server.base_url, items, ["judge", "judge:learned"], 5, tmp_path, 3, judge_url=judge_server.base_url
+    )
     assert raw["vanilla_replies"] == [client.reply(i.question.prompt, i.scene) for i in items]  # greedy, untouched
     replies = raw["judge"]["replies"]
     traces = [raw["traces"][request_id] for _, request_id, _ in replies]  # one trace per request, none lost
@@ -94,6 +119,28 @@ async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth
     record = labelled_record(items[0], replies[0][0], items[0].id)
     assert record["gold_answer"] == items[0].question.gold_letter and record["steps"]
     assert {s["kind"] for s in record["steps"]} <= {"perception", "reasoning"}
+
+    rows = score_rows(items, raw, ["judge", "judge:learned"])
+    pixels, learned = rows["judge"], rows["judge:learned"]
+    assert pixels["false_flags"]["steps"] == 0 and pixels["judge_bill"]["calls"] > 0
+    # The learned judge, reached as a deployment reaches a vLLM-served VLM: every request billed, the
+    # prompt tokens vLLM read from its prefix cache reported apart (--enable-prompt-tokens-details),
+    # every reply read by the detector's parser, at most one image description per request.
+    bill = learned["judge_bill"]
+    assert bill["calls"] >= len(items) and bill["input_tokens"] > 0 and bill["output_tokens"] > 0
+    assert bill["cached_input_tokens"] > 0
+    assert 1 <= bill["descriptions"] <= len(items)
+    assert learned["unchecked_steps"] == {}
+    g = learned["detector_vs_ground_truth"]
+    assert g["tp"] + g["fp"] + g["fn"] + g["tn"] == learned["draft_perception_steps"] > 0
+    assert learned["false_flags"]["steps"] >= g["fp"]  # false flags on reasoning steps count there too
+    kinds = learned["errors_by_kind"]
+    assert sum(c["fp"] for c in kinds["by_step_type"].values()) == g["fp"]
+    assert sum(kinds["missed_by_error_kind"].values()) == g["fn"]
+    # Greedy decoding: a chain in which the proxy rewrote no step is the one vanilla vLLM wrote.
+    for row in rows.values():
+        assert row["untouched_identical_to_vanilla"] in (None, 1.0), row["answers_vs_vanilla"]
+        assert row["answers_vs_vanilla"]["by_cause"]["not_rewritten"]["answers_changed"] == 0
 
 
 async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any) -> None:
