@@ -108,6 +108,15 @@ def readme_section(readme: str) -> str | None:
     return None if start < 0 or stop < 0 else readme[start : stop + len(end)]
 
 
+def _change(share: float, down: str, up: str) -> str:
+    """A relative change in words: 0.25 → '25% lower', -0.06 → '6% higher'."""
+    return f"{100 * share:.0f}% {down}" if share >= 0 else f"{-100 * share:.0f}% {up}"
+
+
+def _points(lost: float) -> str:
+    return f"{lost:.1f} points lost" if lost >= 0 else f"{-lost:.1f} points gained"
+
+
 def _goal_lines(result: dict[str, Any]) -> list[str]:
     g = result.get("goals") or goals(result)
     lines = []
@@ -115,7 +124,8 @@ def _goal_lines(result: dict[str, Any]) -> list[str]:
         x = g["learned_judge"]
         lines.append(
             f"- learned judge: residual UPR {x['upr_vanilla']:.3f} → {x['upr_residual']:.3f} "
-            f"({100 * x['upr_reduction']:.0f}% lower; goal ≥ {100 * x['target_reduction']:.0f}%), accuracy "
+            f"({_change(x['upr_reduction'], 'lower', 'higher')}; goal ≥ {100 * x['target_reduction']:.0f}% lower), "
+            "accuracy "
             f"{x['accuracy_vanilla']:.3f} → {x['accuracy_corrected']:.3f} (goal: not lower): "
             f"**{'met' if x['met'] else 'not met'}**"
         )
@@ -123,8 +133,8 @@ def _goal_lines(result: dict[str, Any]) -> list[str]:
         x = g["cascade"]
         lines.append(
             f"- cascade: {x['judge_calls']} learned-judge calls against {x['judge_calls_judge_alone']} "
-            f"({100 * x['calls_saved']:.0f}% fewer; goal ≥ {100 * x['target_calls_saved']:.0f}%), "
-            f"{x['f1_points_lost']:.1f} F1 points lost (goal ≤ {x['target_f1_points']:.0f}), residual UPR "
+            f"({_change(x['calls_saved'], 'fewer', 'more')}; goal ≥ {100 * x['target_calls_saved']:.0f}% fewer), "
+            f"F1 {_points(x['f1_points_lost'])} (goal: at most {x['target_f1_points']:.0f} points lost), residual UPR "
             f"{x['residual_upr_points_from_judge']:.1f} points from the judge row (goal ≤ "
             f"{x['target_residual_points']:.0f}): **{'met' if x['met'] else 'not met'}**"
         )
