@@ -2,13 +2,15 @@
 the chain itself.
 
 Layout: the released `mirage.tsv` (DongSky/mirage on the hub) in DATA_DIR. A TSV with a header;
-columns read: `index` (optional; else the row number), `prompt` (the question as asked), `image` (the
-image, base64), `answer`, `question_type` (`multi_choice`, `approx`, anything else: an exact numeric
+columns read: `index` (optional; else the row number), `prompt` (the question as asked), `image` (a file
+name or base64), `answer`, `question_type` (`multi_choice`, `approx`, anything else: an exact numeric
 answer), `choices` (a Python list literal, for multiple choice), `normalized_classification` (one of
 Algebraic, Arithmetic, Geometry, Logical, Scientific, Spatial, Statistical), the reference chains
 `refine_thinking`, `rephrase_thinking_1`, `rephrase_thinking_6`, and, when present, `extract_claims`
-(the reference claims and steps, tagged `<claim>` / `<step>`). Images are decoded once to
-`DATA_DIR/.faithproxy-images/`.
+(the reference claims and steps, tagged `<claim>` / `<step>`). The `image` cell is read as the official
+`to_base64_image` reads it: a file name (the hub also ships `mirage_images.zip`; unzipped into DATA_DIR,
+each cell names its JPG relative to DATA_DIR), else base64, decoded once to `DATA_DIR/.faithproxy-images/`;
+a URL is a problem (nothing is downloaded).
 
 Answer scoring follows the official `benchmark_eval.py` (`MIX` and `score`):
 
@@ -93,6 +95,25 @@ def _choices(text: str) -> list[str] | None:
     return [str(v) for v in value] if isinstance(value, list | tuple) else None
 
 
+def _image(cell: str, data_dir: Path, cache: Path, index: str) -> tuple[Path | None, str]:
+    """The image of a row, read the way the official `to_base64_image` reads the cell: a file (the
+    `mirage_images.zip` layout: a path relative to DATA_DIR), else base64 (written to the cache); a URL
+    is refused, nothing is fetched. (None, why) when there is no image."""
+    if not cell:
+        return None, "the image cell is empty"
+    if re.match(r"https?://", cell):
+        return None, f"the image is a URL ({cell[:80]}): download it into DATA_DIR and name the file instead"
+    looks_like_a_name = len(cell) < 1024 and not cell.startswith("data:")
+    if looks_like_a_name and (data_dir / cell).is_file():
+        return data_dir / cell, ""
+    data = decode_base64(cell)
+    if data is not None:
+        return write_cached(cache, f"mirage-{index}", data), ""
+    if looks_like_a_name:  # a file that is not there: image_problem names it (mirage_images.zip not unpacked?)
+        return data_dir / cell, ""
+    return None, "the image cell is neither a file under DATA_DIR nor base64"
+
+
 def read(data_dir: Path, instruction: str = "") -> Release:
     data_dir = Path(data_dir)
     release = Release("mirage")
@@ -126,11 +147,10 @@ def read(data_dir: Path, instruction: str = "") -> Release:
         if qtype == "multi_choice" and answer.upper() not in LETTERS[: len(choices)]:
             release.note(UNMATCHABLE_ANSWER, where, f"answer {answer!r} is not the letter of one of its "
                          f"{len(choices)} choices: the official scorer counts it wrong whatever the reply")  # fmt: skip
-        data = decode_base64(as_text(row.get("image")))
-        if not data:
-            release.problem(MISSING_IMAGE, where, "the image cell is empty or not base64")
+        image, missing = _image(as_text(row.get("image")).strip(), data_dir, cache, index)
+        if image is None:
+            release.problem(MISSING_IMAGE, where, missing)
             continue
-        image = write_cached(cache, f"mirage-{index}", data)
         if found := image_problem(image):
             release.problem(found[0], where, found[1], image)
             continue

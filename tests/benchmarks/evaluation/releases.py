@@ -101,14 +101,23 @@ MIRAGE_COLUMNS = (
 )  # fmt: skip
 
 
-def mirage(dest: Path, records: list[dict[str, Any]] | None = None) -> Path:
-    """mirage.tsv with the images base64-encoded in the `image` column."""
+def mirage(dest: Path, records: list[dict[str, Any]] | None = None, images: str = "base64") -> Path:
+    """mirage.tsv with the images base64-encoded in the `image` column, or, with `images="files"`, the
+    `mirage_images.zip` layout: the column names a file unzipped beside the TSV (`images/<index>.png`:
+    the real archive's member names are not known here, only that the column holds them)."""
     records = records if records is not None else read_jsonl(DATA / "mirage" / "records.jsonl")
+    dest.mkdir(parents=True, exist_ok=True)
     with (dest / "mirage.tsv").open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, MIRAGE_COLUMNS, delimiter="\t", extrasaction="ignore")
         writer.writeheader()
         for record in records:
-            image = base64.b64encode(png(f"mirage-{record['index']}")).decode("ascii")
+            data = png(f"mirage-{record['index']}")
+            if images == "files":
+                image = f"images/{record['index']}.png"
+                (dest / "images").mkdir(exist_ok=True)
+                (dest / image).write_bytes(data)
+            else:
+                image = base64.b64encode(data).decode("ascii")
             writer.writerow({"image": image, **record})
     return dest
 

@@ -1,4 +1,4 @@
-"""MIRAGE: mirage.tsv as released (base64 images, the columns the official benchmark_eval.py reads), the
+"""MIRAGE: mirage.tsv as released (base64 images or file names, the columns the official benchmark_eval.py reads), the
 official answer rules (MIX: multiple choice, approximate within a 0.95 ratio, exact numbers; non-numeric
 answers score 0), accuracy per normalized_classification, and the judge's F1 and LHS (1-5).
 
@@ -8,6 +8,7 @@ release is on the hub only (data/README.md). Expected figures are counted by han
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,27 @@ def test_reads_the_tsv_with_base64_images(release_dir: Path) -> None:
     assert first.prompt == "Which shape has the largest area?\nA. the circle\nB. the square\nC. the triangle"
     assert first.image == release_dir / IMAGE_CACHE / "mirage-0.png" and first.image.read_bytes() == png("mirage-0")
     assert first.extra["classification"] == "Geometry" and len(first.extra["references"]) == 3
+
+
+def test_reads_image_file_names_as_the_official_reader_does(tmp_path: Path) -> None:
+    # The hub ships mirage_images.zip beside mirage.tsv, and a VLMEvalKit adapter that pins the released
+    # TSV's md5 joins each `image` cell to the unzipped folder; the official to_base64_image (VIC
+    # utils/file.py) takes a cell that names an existing file before trying base64. Both layouts read.
+    root = write_mirage(tmp_path / "files", images="files")
+    release = mirage.read(root)
+    assert release.problems == [] and len(release.items) == 7
+    assert release.items[0].image == root / "images" / "0.png"
+    assert all(item.image.parent == root / "images" for item in release.items)  # read in place, not copied
+
+    (root / "images" / "3.png").unlink()  # the zip not (fully) unpacked
+    records = read_jsonl(DATA / "mirage" / "records.jsonl")
+    url = tmp_path / "url"
+    write_mirage(url, records[:1])
+    cell = base64.b64encode(png("mirage-0")).decode("ascii")
+    (url / "mirage.tsv").write_text((url / "mirage.tsv").read_text().replace(cell, "https://x.test/0.jpg"))
+    missing, remote = mirage.read(root), mirage.read(url)
+    assert [(p.kind, p.path) for p in missing.problems] == [("missing_image", str(root / "images" / "3.png"))]
+    assert [p.kind for p in remote.problems] == ["missing_image"] and "URL" in remote.problems[0].detail
 
 
 def test_bad_rows_are_problems_and_unmatchable_answers_are_notes(tmp_path: Path) -> None:
