@@ -19,9 +19,10 @@ Scoring follows the official eval/evaluate.py:
   answered right, `hallu_rate` = mean share of picks of the commonsense option; `not_listed_rate`
   (share of D picks) and `unparsed` (replies read as D by the last rule, or missing) are ours;
 - free form (fib): a judge labels the reply `correct`, `typical` (the commonsense error: a
-  hallucination) or `wrong` (we store them as correct / commonsense_error / other_error); `open_accuracy`
-  and `open_hallu_rate` are the shares over the judged replies, `open_unjudged` counts the rest. These
-  figures depend on the judge model;
+  hallucination) or `wrong` (we store them as correct / commonsense_error / other_error); a judge reply without a
+  readable `<judge>` tag is `wrong`, as the official `llm_as_judge` scores it 0. `open_accuracy` and
+  `open_hallu_rate` are the shares over the judged replies, `open_unjudged` counts the replies whose judge
+  request failed (the official script would stop there). These figures depend on the judge model;
 - `total_accuracy` and `total_hallu_rate`: the official totals, over multiple-choice questions and
   judged free-form ones together.
 
@@ -275,18 +276,15 @@ Give your judgement as <judge>correct</judge>, <judge>typical</judge> (the reply
 <judge>wrong</judge> (wrong in another way, or no answer), then a short reason in <explanation></explanation>."""
 
 _JUDGE_TAG = re.compile(r"<judge>\s*(.*?)\s*</judge>", re.I | re.S)
-_LABEL = re.compile(r"\b(CORRECT|COMMONSENSE[_ ]ERROR|OTHER[_ ]ERROR)\b", re.I)
 _OFFICIAL_LABELS = {"correct": "correct", "typical": "commonsense_error", "wrong": "other_error"}
 
 
-def parse_judgement(text: str) -> str | None:
-    """`correct` | `commonsense_error` | `other_error`: the official `<judge>correct|typical|wrong</judge>`
-    (the first tag, as the official script reads it), else a bare label; None when neither is there."""
+def parse_judgement(text: str) -> str:
+    """`correct` | `commonsense_error` | `other_error`, read as the official `llm_as_judge` reads the
+    judge's reply: the first `<judge>` tag, `correct` scores 1, `typical` -1, anything else (another
+    word, no tag at all) 0, which is neither right nor a hallucination: `other_error`."""
     tags = _JUDGE_TAG.findall(text)
-    if tags:
-        return _OFFICIAL_LABELS.get(tags[0].strip().lower())
-    found = _LABEL.findall(text)
-    return found[-1].lower().replace(" ", "_") if found else None
+    return _OFFICIAL_LABELS.get(tags[0].strip().lower(), "other_error") if tags else "other_error"
 
 
 async def judge(

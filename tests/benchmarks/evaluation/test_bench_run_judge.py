@@ -54,7 +54,7 @@ def create_fake(state: Fake) -> FastAPI:
         if body["model"] == "grader":
             prompt = body["messages"][-1]["content"][-1]["text"]
             state.judge_requests.append(prompt)
-            message["content"] = "Label: COMMONSENSE_ERROR" if "legs" in prompt else "Label: CORRECT"
+            message["content"] = "<judge>typical</judge>" if "legs" in prompt else "<judge>correct</judge>"
         else:
             parts = body["messages"][0]["content"]
             text = parts[-1]["text"]

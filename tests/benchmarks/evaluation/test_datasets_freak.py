@@ -146,12 +146,13 @@ async def test_free_form_through_the_judge(release_dir: Path) -> None:
         ("<judge>typical</judge>", "commonsense_error"),
         ("<judge>Wrong</judge><explanation>..</explanation>", "other_error"),
         ("<judge>correct</judge> then <judge>wrong</judge>", "correct"),  # the first tag, as the official
-        ("Label: OTHER_ERROR", "other_error"),
-        ("commonsense error", "commonsense_error"),
-        ("no idea", None),
+        # the official llm_as_judge scores anything but correct / typical 0: neither right nor a hallucination
+        ("<judge>unsure</judge>", "other_error"),
+        ("commonsense error", "other_error"),  # no tag
+        ("no idea", "other_error"),
     ],
 )
-def test_parse_judgement(reply: str, label: str | None) -> None:
+def test_parse_judgement(reply: str, label: str) -> None:
     assert freak.parse_judgement(reply) == label
 
 
