@@ -81,18 +81,44 @@ class UpstreamStream:
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
         """Parsed `data:` payloads until `[DONE]`. Malformed JSON, or a chunk whose choices, deltas or
         usage have the wrong types, is an UpstreamError."""
+        async for batch in self.batches():
+            for chunk in batch:
+                yield chunk
+
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The chunks of `chunks()`, a list per read of the socket: a reader that takes them this way
+        resumes once per read rather than once per token. The same chunks in the same order, the error
+        included: the chunks before a malformed one are handed over before it raises."""
         decoder = SSEBytesDecoder()
         async for data in self.response.iter_raw():
-            for event in decoder.feed(data):
-                if event[:1] != b"{" and event.strip() == b"[DONE]":
-                    return
-                yield _parse_chunk(event)
-        for event in decoder.flush():
-            if event.strip() == b"[DONE]":
+            batch, done, error = _parse_events(decoder.feed(data))
+            if batch:
+                yield batch
+            if error is not None:
+                raise error
+            if done:
                 return
-            yield _parse_chunk(event)
-        # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
-        raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
+        batch, done, error = _parse_events(decoder.flush())
+        if batch:
+            yield batch
+        if error is not None:
+            raise error
+        if not done:
+            # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
+            raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
+
+
+def _parse_events(events: list[bytes]) -> tuple[list[dict[str, Any]], bool, UpstreamError | None]:
+    """The events parsed up to `[DONE]` or the first bad one: (chunks, whether [DONE] came, the error)."""
+    chunks = []
+    for event in events:
+        if event[:1] != b"{" and event.strip() == b"[DONE]":
+            return chunks, True, None
+        try:
+            chunks.append(_parse_chunk(event))
+        except UpstreamError as exc:
+            return chunks, False, exc
+    return chunks, False, None
 
 
 def _parse_chunk(data: bytes | str) -> dict[str, Any]:

@@ -175,7 +175,7 @@ class Passthrough(Response):
                 if self.ttft is None:
                     self.ttft = time.perf_counter() - self.started
                     self.state.metrics.ttft.labels("off").observe(self.ttft)
-                tail = data[-32:] if len(data) >= 32 else (tail + data)[-32:]
+                tail = data if len(data) >= 32 else (tail + data)[-32:]  # the stream's last bytes, uncopied
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
                 self.error = UpstreamError(

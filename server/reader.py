@@ -142,8 +142,9 @@ class RoundReader:
     async def run(self) -> None:
         try:
             async with self.generator.stream_chat(self.body) as stream:
-                async for chunk in stream.chunks():
-                    self._on_chunk(chunk)
+                async for batch in stream.batches():  # what one read brought: resumed once, not per token
+                    for chunk in batch:
+                        self._on_chunk(chunk)
             for channel in (Channel.REASONING, Channel.CONTENT):
                 self._flush(channel)
             self.queue.put_nowait(RoundEnd(self._finish_reason, self._usage, self._first_chunk))
@@ -171,9 +172,10 @@ class RoundReader:
                     self.queue.put_nowait(TextDelta(channel, field_name, text))
                     for segment in self._segmenters[channel].feed(text):
                         self._put_step(channel, segment.text, segment.raw)
-            extra = {k: v for k, v in delta.items() if k not in _SKIPPED_DELTA_FIELDS and v not in (None, [], "")}
-            if extra:
-                self.queue.put_nowait(ExtraDelta(extra))
+            if not delta.keys() <= _SKIPPED_DELTA_FIELDS:  # a text delta (nearly all of them) has no extras
+                extra = {k: v for k, v in delta.items() if k not in _SKIPPED_DELTA_FIELDS and v not in (None, [], "")}
+                if extra:
+                    self.queue.put_nowait(ExtraDelta(extra))
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
 

@@ -273,11 +273,13 @@ class ChatServing:
         metrics.request_duration.labels(self.policy.mode, str(self.stream).lower()).observe(duration)
         if self.session is not None:
             metrics.verification_seconds.labels(self.policy.mode).inc(self.session.stats.verification_s)
-        self._write_trace(duration)
-        if self.session is not None and self.state.reports is not None:
-            self.state.reports.put(self.request_id, self._report())
+        summary = self._summary() if self.session is not None else None  # the steps are final now
+        if self.state.tracer.path is not None:  # no record built for a server that writes no traces
+            self._write_trace(duration, summary)
+        if summary is not None and self.state.reports is not None:
+            self.state.reports.put(self.request_id, self._report(summary))
 
-    def _report(self) -> dict[str, Any]:
+    def _report(self, summary: dict[str, Any]) -> dict[str, Any]:
         """What GET /v1/faithfulness/{request_id} returns for this request (server/reports.py)."""
         assert self.session is not None
         return report(
@@ -286,13 +288,13 @@ class ChatServing:
             model=self.body.get("model"),
             stream=self.stream,
             judge=self.policy.judge,
-            summary=self._summary(),
+            summary=summary,
             texts=[(step.text, step.channel.value) for step in self.session.steps],
             outcome="disconnected" if self.disconnected else "failed" if self.error is not None else "completed",
             error=error_body(self.error)["error"] if self.error is not None else None,
         )
 
-    def _write_trace(self, duration: float) -> None:
+    def _write_trace(self, duration: float, summary: dict[str, Any] | None) -> None:
         s = self.session
         record: dict[str, Any] = {
             "id": self.request_id,
@@ -307,7 +309,7 @@ class ChatServing:
             "steps": trace_steps(s.steps) if s else [],
             "answer": self.answer.get("content", "") if s else None,
             "reasoning": self.answer.get("reasoning") or self.answer.get("reasoning_content") if s else None,
-            "summary": self._summary() if s else None,
+            "summary": summary,
             "usage": s.ctx.usage.as_dict() if s else None,
             "judge_usage": s.ctx.judge_state.summary() if s else None,
             "timings": {

@@ -1,5 +1,6 @@
-"""server/uvicorn_server.py: uvicorn's server with a once-a-second housekeeping tick that a stop signal
-cuts short; `faithproxy serve` runs on it (started, served, stopped by SIGTERM, a bind failure reported)."""
+"""server/uvicorn_server.py: uvicorn's server without a housekeeping tick (a stop signal wakes it, the
+Date header is made when read, a request limit brings back a once-a-second tick); `faithproxy serve`
+runs on it (started, served, stopped by SIGTERM, a bind failure reported)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ async def _app(scope: dict, receive: object, send: object) -> None:  # never cal
     raise AssertionError("not served")
 
 
-def _server(ticks: list[int], reached: asyncio.Event | None = None, count: int = 1) -> uvicorn_server.Server:
+def _server(
+    ticks: list[int], reached: asyncio.Event | None = None, count: int = 1, **config: object
+) -> uvicorn_server.Server:
     """A server whose ticks are recorded in `ticks`; `reached` is set at the `count`th tick."""
-    server = uvicorn_server.Server(uvicorn.Config(_app, lifespan="off"))
+    server = uvicorn_server.Server(uvicorn.Config(_app, lifespan="off", **config))  # type: ignore[arg-type]
     on_tick = server.on_tick
 
     async def counting(counter: int) -> bool:
@@ -62,24 +65,47 @@ async def test_a_signal_before_the_wait_is_not_missed(monkeypatch: pytest.Monkey
     assert ticks == [0]
 
 
-async def test_every_tick_refreshes_the_date_header(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_nothing_wakes_the_loop_but_a_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uvicorn_server, "TICK_S", 0.001)  # were there a tick, it would come at once
+    ticks: list[int] = []
+    server = _server(ticks)
+    main = asyncio.create_task(server.main_loop())
+    await asyncio.sleep(0.2)
+    assert ticks == [0] and not main.done()
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.wait_for(main, 30)
+    assert ticks == [0, 10]
+
+
+async def test_a_request_limit_brings_the_tick_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(uvicorn_server, "TICK_S", 0.001)
     ticks: list[int] = []
     fourth = asyncio.Event()
-    server = _server(ticks, fourth, 4)
-    dates: list[bytes] = []
-
-    class State:  # records each Date header on_tick sets
-        def __setattr__(self, name: str, value: list[tuple[bytes, bytes]]) -> None:
-            dates.append(dict(value)[b"date"])
-
-    server.server_state = State()  # type: ignore[assignment]
+    server = _server(ticks, fourth, 4, limit_max_requests=1_000_000)  # uvicorn checks it on each tick
     main = asyncio.create_task(server.main_loop())
-    await fourth.wait()
+    await asyncio.wait_for(fourth.wait(), 30)
     server.handle_exit(signal.SIGTERM, None)
     await asyncio.wait_for(main, 30)
-    assert all(counter % 10 == 0 for counter in ticks)  # uvicorn refreshes the header on these
-    assert len(dates) == len(ticks) and all(d.endswith(b" GMT") for d in dates)
+    assert all(counter % 10 == 0 for counter in ticks)  # what uvicorn does once a second, each time
+
+
+def test_the_date_header_is_that_of_the_second_it_is_read_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = uvicorn.Config(_app, lifespan="off", headers=[("x-extra", "1")])
+    config.encoded_headers = [(b"server", b"uvicorn"), (b"x-extra", b"1")]  # as Config.load encodes them
+    state = uvicorn_server.DatedServerState(config)
+    clock = [1_700_000_000.25]
+    monkeypatch.setattr(uvicorn_server.time, "time", lambda: clock[0])
+    first = state.default_headers
+    assert first == [(b"date", b"Tue, 14 Nov 2023 22:13:20 GMT"), (b"server", b"uvicorn"), (b"x-extra", b"1")]
+    clock[0] += 0.5
+    assert state.default_headers is first  # the same second: made once
+    clock[0] += 1
+    assert state.default_headers[0] == (b"date", b"Tue, 14 Nov 2023 22:13:21 GMT")
+    state.default_headers = []  # uvicorn's own assignment (on_tick) changes nothing that is read
+    assert state.default_headers[1:] == [(b"server", b"uvicorn"), (b"x-extra", b"1")]
+    config.date_header = False
+    state.default_headers = []
+    assert state.default_headers == [(b"server", b"uvicorn"), (b"x-extra", b"1")]
 
 
 def _serve_argv(port: int) -> list[str]:
