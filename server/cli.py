@@ -49,11 +49,13 @@ def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Name
     command line's settings are put first, and keeps its metrics in the shared multiprocess folder."""
     import uvicorn
 
-    from faithproxy.server.workers import metrics_folder
+    from faithproxy.server.workers import metrics_folder, reports_file
 
     for name, value in overrides.items():
         os.environ[f"FAITHPROXY_{name.upper()}"] = str(value)
-    with metrics_folder():
+    # Without a configured report file each worker would keep its own reports, and a lookup that
+    # reaches another worker would find none.
+    with metrics_folder(), reports_file(settings.reports_path, keep=settings.reports_max_count > 0):
         uvicorn.run(
             "faithproxy.server.app:create_app",
             factory=True,

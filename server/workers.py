@@ -13,6 +13,9 @@ limit: FAITHPROXY_MAX_CONCURRENT_REQUESTS applies per worker), except:
   show). `serve` makes a fresh folder when the variable is unset and removes it on exit; a folder
   an operator names must be emptied before each start (prometheus_client's rule), which `serve`
   does for the `*.db` files in it.
+- Reports (GET /v1/faithfulness/{id}). A lookup may reach any worker, so they keep them in one
+  SQLite file (`SharedReportStore`, server/reports.py): the `FAITHPROXY_REPORTS_PATH` an operator
+  names, or else a file `serve` makes in a fresh folder and removes on exit (`reports_file`).
 - Traces. All workers append to the one trace file: each record is a single write(2) on an O_APPEND
   descriptor (server/traces.py), which a local filesystem appends whole, so lines never interleave
   (not on NFS, whose appends are not atomic: give each host its own file there).
@@ -30,6 +33,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+REPORTS_ENV = "FAITHPROXY_REPORTS_PATH"
 
 
 def multiprocess() -> bool:
@@ -73,4 +77,21 @@ def metrics_folder() -> Iterator[Path]:
         yield folder
     finally:
         os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def reports_file(configured: str | None, keep: bool = True) -> Iterator[Path | None]:
+    """The report file the workers about to start share, set in the environment they inherit: the
+    configured one, else one in a fresh folder removed on exit. None (and nothing set) when reports
+    are not kept (`keep` false: FAITHPROXY_REPORTS_MAX_COUNT=0)."""
+    if configured or not keep:
+        yield Path(configured) if configured else None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="faithproxy-reports-"))
+    os.environ[REPORTS_ENV] = str(folder / "reports.sqlite")
+    try:
+        yield folder / "reports.sqlite"
+    finally:
+        os.environ.pop(REPORTS_ENV, None)
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,8 @@
 """`faithproxy serve --workers 2` for real (its own process tree) in front of a fake vLLM: /metrics is
 whole (every scrape counts every worker's requests, whichever worker answers it), the trace file holds
-one whole line per request, and trace lines written by several processes at once never interleave."""
+one whole line per request, every request's report is found whichever worker a lookup reaches (a
+shared report file made by `serve` when none is configured), and trace lines written by several
+processes at once never interleave."""
 
 from __future__ import annotations
 
@@ -77,6 +79,47 @@ async def test_two_workers_export_one_whole_metrics_view_and_one_trace_file(tmp_
     records = [json.loads(line) for line in traces.read_text().splitlines()]
     assert len(records) == REQUESTS and all(r["mode"] == "off" and r["error"] is None for r in records)
     assert len({r["id"] for r in records}) == REQUESTS
+
+
+async def test_workers_share_one_report_file_when_none_is_configured(tmp_path: Path) -> None:
+    vllm = fault_vllm_app()
+    port = free_port()
+    with threaded_app(vllm, on_exit=vllm.state.release.set) as upstream:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAITHPROXY_")}
+        env |= {"FAITHPROXY_DEFAULT_DETECTOR": "none", "TMPDIR": str(tmp_path)}  # no FAITHPROXY_REPORTS_PATH
+        argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--workers", "2", "--upstream", upstream]
+        child = spawn(
+            [*argv, "--port", str(port), "--log-level", "warning"], tmp_path / "serve.log", name="serve", env=env
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await asyncio.to_thread(child.wait_healthy, f"{url}/healthz", 60)
+            folders = _report_folders(tmp_path)
+            assert len(folders) == 1 and (folders[0] / "reports.sqlite").exists()
+
+            async def fresh(method: str, path: str, **kwargs: object) -> httpx.Response:
+                async with httpx.AsyncClient(timeout=30) as http:  # a connection of its own: any worker
+                    return await http.request(method, f"{url}{path}", **kwargs)  # type: ignore[arg-type]
+
+            body = {**BODY, "stream": False}
+            answers = await asyncio.gather(
+                *(
+                    fresh("POST", "/v1/chat/completions", json=body, headers={"x-faithproxy-mode": "correct"})
+                    for _ in range(8)
+                )
+            )
+            assert [a.status_code for a in answers] == [200] * 8
+            ids = [a.headers["x-faithproxy-request-id"] for a in answers]
+            lookups = await asyncio.gather(*(fresh("GET", f"/v1/faithfulness/{i}") for i in ids for _ in range(3)))
+            assert [r.status_code for r in lookups] == [200] * 24
+            assert {r.json()["id"] for r in lookups} == set(ids)
+        finally:
+            child.stop()
+    assert not _report_folders(tmp_path)  # removed when serve stopped
+
+
+def _report_folders(parent: Path) -> list[Path]:
+    return list(parent.glob("faithproxy-reports-*"))
 
 
 def _write_records(path: str, writer_id: int, count: int, size: int) -> None:
