@@ -89,23 +89,23 @@ class UpstreamStream:
         """The chunks of `chunks()`, a list per read of the socket: a reader that takes them this way
         resumes once per read rather than once per token. The same chunks in the same order, the error
         included: the chunks before a malformed one are handed over before it raises."""
-        decoder = SSEBytesDecoder()
-        async for data in self.response.iter_raw():
-            batch, done, error = _parse_events(decoder.feed(data))
+        async for events in self._events():
+            batch, done, error = _parse_events(events)
             if batch:
                 yield batch
             if error is not None:
                 raise error
             if done:
                 return
-        batch, done, error = _parse_events(decoder.flush())
-        if batch:
-            yield batch
-        if error is not None:
-            raise error
-        if not done:
-            # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
-            raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
+        # A stream that ends without [DONE] was cut off (vLLM died or a proxy closed it).
+        raise UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
+
+    async def _events(self) -> AsyncIterator[list[bytes]]:
+        """The SSE events of each read of the socket, then those the decoder completes at the end."""
+        decoder = SSEBytesDecoder()
+        async for data in self.response.iter_raw():
+            yield decoder.feed(data)
+        yield decoder.flush()
 
 
 def _parse_events(events: list[bytes]) -> tuple[list[dict[str, Any]], bool, UpstreamError | None]:
