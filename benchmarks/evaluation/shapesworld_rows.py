@@ -13,7 +13,8 @@ the detector's first verdict on it, `attempts` the regeneration tries it took.
 - False flags: first drafts the detector flagged that are not false by ground truth. Each costs
   regeneration tries, and a rewrite changes the chain from that step on.
 - Answers against vanilla: the proxy decodes greedily like vanilla vLLM, so a chain is vanilla's until
-  its first rewritten step. A changed answer is put down to that step: a false flag or a true one.
+  its first rewritten step. A changed answer is put down to that step: a false flag or a true one;
+  a chain whose flagged steps were all kept can still end early (`answer_changes`).
 - Step types and error kinds: which sentences a detector misses (false negatives, by what the sentence
   got wrong) and which it flags wrongly (false positives, by the form of the sentence).
 """
@@ -212,12 +213,18 @@ def answer_changes(
     """False flags and what they cost, and every changed answer against vanilla by its cause.
 
     A chain's cause is its first rewritten step: `false_flag` when that draft was true by ground truth,
-    `true_flag` when it was false, `not_rewritten` when no step was (its answer should be vanilla's:
-    the proxy decodes greedily; `untouched_identical` checks it).
+    `true_flag` when it was false. A chain with no step rewritten is `untouched` when the detector
+    flagged nothing: one upstream round, so the proxy decoding greedily must return vanilla's text
+    (`untouched_identical_to_vanilla` checks it). It is `kept` when every flagged step was kept after
+    K failed tries: the text is the model's own, but each flag dropped the round and decoding resumed
+    from the accepted text, and the dropped read-ahead counts against the client's max_tokens (as
+    reasoning tokens do at OpenAI), so a slow judge's flags can end such a chain early, by length.
+    `kept_identical_to_vanilla` is what share of those still came out as vanilla's: a figure, not an
+    invariant.
     """
     false_steps = false_tries = false_rewritten = 0
-    by_cause: dict[str, Counter[str]] = {c: Counter() for c in ("false_flag", "true_flag", "not_rewritten")}
-    untouched = untouched_same = 0
+    by_cause: dict[str, Counter[str]] = {c: Counter() for c in ("false_flag", "true_flag", "kept", "untouched")}
+    same_as_vanilla: Counter[str] = Counter()
     for item, trace, vanilla, corrected in zip(items, traces, vanilla_replies, corrected_replies, strict=True):
         steps = drafts(item, trace)
         for d in steps:
@@ -226,14 +233,15 @@ def answer_changes(
                 false_tries += d.attempts
                 false_rewritten += d.rewritten
         first = next((d for d in steps if d.rewritten), None)
-        cause = "not_rewritten" if first is None else "true_flag" if first.false else "false_flag"
+        if first is not None:
+            cause = "true_flag" if first.false else "false_flag"
+        else:
+            cause = "kept" if any(d.flagged for d in steps) else "untouched"
         gold = item.question.gold_letter
         move = _answer_move(score_reply(item, vanilla).answer, score_reply(item, corrected).answer, gold)
         by_cause[cause]["chains"] += 1
         by_cause[cause][move] += 1
-        if first is None:
-            untouched += 1
-            untouched_same += corrected.strip() == vanilla.strip()
+        same_as_vanilla[cause] += corrected.strip() == vanilla.strip()
     causes = {
         cause: {
             "chains": c["chains"],
@@ -255,8 +263,13 @@ def answer_changes(
             "wrong_to_right": causes["false_flag"]["wrong_to_right"],
         },
         "answers_vs_vanilla": changed | {"by_cause": causes},
-        "untouched_identical_to_vanilla": round(untouched_same / untouched, 4) if untouched else None,
+        "untouched_identical_to_vanilla": _share(same_as_vanilla["untouched"], by_cause["untouched"]["chains"]),
+        "kept_identical_to_vanilla": _share(same_as_vanilla["kept"], by_cause["kept"]["chains"]),
     }
+
+
+def _share(n: int, of: int) -> float | None:
+    return round(n / of, 4) if of else None
 
 
 # ------------------------------------------------------------------- where a detector errs, by kind

@@ -137,10 +137,14 @@ async def test_the_benchmark_scores_vanilla_and_corrected_chains_by_ground_truth
     kinds = learned["errors_by_kind"]
     assert sum(c["fp"] for c in kinds["by_step_type"].values()) == g["fp"]
     assert sum(kinds["missed_by_error_kind"].values()) == g["fn"]
-    # Greedy decoding: a chain in which the proxy rewrote no step is the one vanilla vLLM wrote.
+    # Greedy decoding: a chain in which the detector flagged nothing (one round) is the one vanilla vLLM wrote.
     for row in rows.values():
         assert row["untouched_identical_to_vanilla"] in (None, 1.0), row["answers_vs_vanilla"]
-        assert row["answers_vs_vanilla"]["by_cause"]["not_rewritten"]["answers_changed"] == 0
+        assert row["answers_vs_vanilla"]["by_cause"]["untouched"]["answers_changed"] == 0
+    # A chain whose flags were all kept resumed after each: its text may differ from vanilla's (the
+    # dropped read-ahead spent max_tokens), and it is counted apart, never as untouched.
+    kept = learned["answers_vs_vanilla"]["by_cause"]["kept"]["chains"]
+    assert (learned["kept_identical_to_vanilla"] is None) == (kept == 0)
 
 
 async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any) -> None:

@@ -135,8 +135,10 @@ def test_false_flags_their_tries_and_the_answers_they_changed(items: list[Any]) 
     assert (changed["answers_changed"], changed["right_to_wrong"], changed["wrong_to_right"]) == (2, 1, 1)
     assert changed["by_cause"]["true_flag"] == {"chains": 1, "answers_changed": 1, "right_to_wrong": 0,
                                                 "wrong_to_right": 1}  # fmt: skip
-    assert changed["by_cause"]["not_rewritten"]["answers_changed"] == 0
-    assert out["untouched_identical_to_vanilla"] == 1.0
+    assert changed["by_cause"]["untouched"] == {"chains": 1, "answers_changed": 0, "right_to_wrong": 0,
+                                                "wrong_to_right": 0}  # fmt: skip
+    assert changed["by_cause"]["kept"]["chains"] == 0  # chain 1 kept a flag, but its first flag was rewritten
+    assert (out["untouched_identical_to_vanilla"], out["kept_identical_to_vanilla"]) == (1.0, None)
     # The false step left unflagged in chain 0 is a miss; the caught one is a hit; P/R count perception only.
     g = draft_scores(items, traces)["detector_vs_ground_truth"]
     assert (g["tp"], g["fp"], g["fn"]) == (1, 2, 1)
