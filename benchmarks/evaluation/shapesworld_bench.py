@@ -3,7 +3,8 @@
     faithproxy bench shapesworld --n 300 --probe PROBE.json --concurrency 8 \
         --out benchmarks/results/shapesworld-detectors.json
     faithproxy bench shapesworld --n 100 --detectors judge:pixels,prompt --out benchmarks/results/shapesworld.json
-    faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-detectors.json
+    faithproxy bench shapesworld --merge RUN1.json RUN2.json --out benchmarks/results/shapesworld-all.json
+    faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-all.json
 
 vLLM serves the committed ShapesWorld model (float32, see `tinyvlm.serve`) and faithproxy runs in this
 process in front of it. The rows (`benchmarks/evaluation/shapesworld_rows.py`): `judge:pixels`, the pixel
@@ -52,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from faithproxy.benchmarks.evaluation.shapesworld_report import goals, markdown, plot, readme_table
+from faithproxy.benchmarks.evaluation.shapesworld_report import goals, headline, markdown, plot, readme_table
 from faithproxy.benchmarks.evaluation.shapesworld_router import create_router, routed_counts
 from faithproxy.benchmarks.evaluation.shapesworld_rows import (
     ALL_ROWS,
@@ -409,14 +410,7 @@ def benchmark(
     for name in detectors:
         contents = [content for content, _, _ in raw[name]["replies"]]
         labelled[name] = [labelled_record(i, c, i.id) for i, c in zip(items, contents, strict=True)]
-    best = min(result["detectors"].values(), key=lambda d: d["corrected"]["upr"], default=None)
-    result |= {
-        "upr_vanilla": vanilla["upr"],
-        "upr_residual": best["corrected"]["upr"] if best else None,
-        "accuracy_vanilla": vanilla["accuracy"],
-        "accuracy_corrected": best["corrected"]["accuracy"] if best else None,
-        "perception_error_rate": vanilla["upr"],
-    }
+    result |= headline(result)
     return result | {"labelled": labelled}
 
 
@@ -456,6 +450,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RESULT_JSON",
         help="print the README's table of a result JSON; run nothing",
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="RESULT_JSON",
+        help="merge results of runs over the same scenes into --out (shapesworld_merge); run nothing",
+    )
 
 
 def choose_rows(
@@ -492,6 +493,8 @@ def main(args: argparse.Namespace) -> int:
     if args.readme_table is not None:
         print(readme_table(json.loads(args.readme_table.read_text(encoding="utf-8"))), end="")
         return 0
+    if args.merge:
+        return merge_main(args.merge, args.out)
     if args.n < 1:
         raise SystemExit("--n must be at least 1")
     if args.regeneration_samples is not None and args.regeneration_samples < 1:
@@ -547,12 +550,34 @@ def main(args: argparse.Namespace) -> int:
         for name, records in labelled.items():
             write_labelled(args.labelled_dir / f"shapesworld-{name.replace(':', '-')}.jsonl", records)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        args.out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
-        plot(result, args.out.with_suffix(".png"))
+        write_result(result, args.out)
     print(markdown(result))
     return 0
+
+
+def merge_main(sources: list[Path], out: Path | None) -> int:
+    from faithproxy.benchmarks.evaluation.shapesworld_merge import MergeError, merge
+
+    if out is None:
+        raise SystemExit("--merge needs --out")
+    try:
+        results = [json.loads(path.read_text(encoding="utf-8")) for path in sources]
+        result = merge(results, [_shown(path) for path in sources])
+    except (OSError, json.JSONDecodeError, KeyError, MergeError) as exc:
+        raise SystemExit(f"--merge: {exc}") from exc
+    result["command"] = "faithproxy bench shapesworld --merge " + " ".join(_shown(p) for p in sources)
+    result["command"] += f" --out {_shown(out)}"
+    write_result(result, out)
+    print(markdown(result))
+    return 0
+
+
+def write_result(result: dict[str, Any], out: Path) -> None:
+    """The result JSON, its Markdown report and its plot, side by side."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    plot(result, out.with_suffix(".png"))
 
 
 def _shown(value: Any) -> str:

@@ -2,9 +2,10 @@
 table, the issue's goals, and the plot.
 
 The README's ShapesWorld table is this module's `readme_table` of the committed result
-(benchmarks/results/shapesworld-detectors.json), between the two `README_MARKERS`; a test keeps the
-two equal, so the README's figures are always the committed run's. Print it with
-`faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-detectors.json`.
+(benchmarks/results/shapesworld-all.json: every row, from runs merged by shapesworld_merge), between
+the two `README_MARKERS`; a test keeps the two equal, so the README's figures are always the
+committed runs'. Print it with
+`faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-all.json`.
 Wall times are given as multiples of vanilla's: the machine is shared, so only ratios within one run
 mean anything.
 """
@@ -70,6 +71,19 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The top-level figures: vanilla's, and the corrected ones of the row with the lowest residual."""
+    vanilla = result["vanilla"]
+    best = min(result["detectors"].values(), key=lambda d: d["corrected"]["upr"], default=None)
+    return {
+        "upr_vanilla": vanilla["upr"],
+        "upr_residual": best["corrected"]["upr"] if best else None,
+        "accuracy_vanilla": vanilla["accuracy"],
+        "accuracy_corrected": best["corrected"]["accuracy"] if best else None,
+        "perception_error_rate": vanilla["upr"],
+    }
+
+
 def _ratio_text(wall: float, vanilla: float) -> str:
     return f"{wall / vanilla:.1f}×" if vanilla else "–"
 
@@ -90,7 +104,7 @@ def readme_table(result: dict[str, Any]) -> str:
             f"| {name} | {d['upr_first_draft']:.3f} | {d['upr_detected']:.3f} | {d['corrected']['upr']:.3f} | "
             f"{d['corrected']['accuracy']:.3f} | {g['precision']:.2f} / {g['recall']:.2f} / {g['f1']:.2f} | "
             f"{f['regeneration_tries']}, {f['answers_changed']} ({f['right_to_wrong']} / {f['wrong_to_right']}) | "
-            f"{b['calls'] or '–'} | {bill} | {_ratio_text(d['wall_s'], v['wall_s'])} |"
+            f"{b['calls'] or '–'} | {bill} | {_ratio_text(d['wall_s'], d.get('vanilla_wall_s', v['wall_s']))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -230,7 +244,12 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"- {role}: `{m['path']}` {m['sha256']}")
     if result.get("left_out"):
         lines += ["", "Rows left out: " + "; ".join(f"{k} ({why})" for k, why in result["left_out"].items())]
-    lines += ["", f"Reproduce: `{result['command']}`", ""]
+    if result.get("runs"):  # a merged result (shapesworld_merge): each part's own command
+        lines += ["", "Merged from runs over the same scenes (`faithproxy bench shapesworld --merge`):", ""]
+        lines += [f"- {', '.join(r['rows'])}: `{r['command']}`" for r in result["runs"]]
+    if result.get("command"):
+        lines += ["", f"Reproduce: `{result['command']}`"]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ from faithproxy.shapesworld.model.scoring import heldout_items
 from faithproxy.shapesworld.world import Ref, WorldObject
 
 REPO = Path(__file__).resolve().parents[3]
-RESULT = REPO / "benchmarks" / "results" / "shapesworld-detectors.json"
+RESULT = REPO / "benchmarks" / "results" / "shapesworld-all.json"  # the README's table: every row
 
 
 # ----------------------------------------------------------------------------------------- rows
@@ -251,12 +251,80 @@ def test_readme_table_option_prints_the_table_of_a_result(tmp_path: Path, capsys
     assert capsys.readouterr().out == readme_table(RESULT_FIXTURE)
 
 
-@pytest.mark.skipif(not RESULT.is_file(), reason="no committed ShapesWorld detectors result yet")
 def test_the_readmes_shapesworld_table_is_the_committed_results() -> None:
     result = json.loads(RESULT.read_text(encoding="utf-8"))
     section = readme_section((REPO / "README.md").read_text(encoding="utf-8"))
     assert section is not None, "README.md lacks the ShapesWorld detectors table (see shapesworld_report.py)"
     assert section == readme_block(result), (
         "README's ShapesWorld table differs from the committed result: paste the output of "
-        "`faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-detectors.json`"
+        "`faithproxy bench shapesworld --readme-table benchmarks/results/shapesworld-all.json`"
     )
+
+
+# ------------------------------------------------------------------------------- merging runs
+
+
+def split_fixture() -> tuple[dict[str, Any], dict[str, Any]]:
+    """RESULT_FIXTURE as two runs: the judge alone, then probe and cascade (vanilla 10 s slower)."""
+    rows = RESULT_FIXTURE["detectors"]
+    judge = RESULT_FIXTURE | {"detectors": {"judge:learned": rows["judge:learned"]}, "command": "run one"}
+    judge["models"] = {"generator": {"path": "g", "sha256": "aa"}, "judge": {"path": "j", "sha256": "bb"}}
+    rest = RESULT_FIXTURE | {"detectors": {k: rows[k] for k in ("probe", "cascade")}, "command": "run two"}
+    rest["vanilla"] = RESULT_FIXTURE["vanilla"] | {"wall_s": 30.0}
+    rest["models"] = judge["models"] | {"probe": {"path": "p.json", "sha256": "cc"}}
+    rest["left_out"] = {"judge:pixels": "not asked"}
+    return judge, rest
+
+
+def test_runs_over_the_same_scenes_merge_into_one_result_whose_goals_span_them() -> None:
+    from faithproxy.benchmarks.evaluation.shapesworld_merge import merge
+
+    judge, rest = split_fixture()
+    assert "cascade" not in goals(rest)  # the cascade's goal needs the judge-alone row of the other run
+    merged = merge([judge, rest], ["a.json", "b.json"])
+    assert list(merged["detectors"]) == ["judge:learned", "probe", "cascade"]
+    assert merged["goals"] == goals(RESULT_FIXTURE) and merged["goals"]["cascade"]["met"]
+    assert set(merged["models"]) == {"generator", "judge", "probe"} and merged["upr_residual"] == 0.05
+    assert [r["rows"] for r in merged["runs"]] == [["judge:learned"], ["probe", "cascade"]]
+    assert [r["command"] for r in merged["runs"]] == ["run one", "run two"]
+    assert merged["left_out"] == {"judge:pixels": "not asked"}
+    table = readme_table(merged).splitlines()  # each row's wall against its own run's vanilla
+    assert table[3].endswith("| 3.0× |") and table[4].endswith("| 2.0× |")
+
+
+def test_runs_that_scored_different_things_are_refused_by_the_field_that_differs() -> None:
+    from faithproxy.benchmarks.evaluation.shapesworld_merge import MergeError, merge
+
+    judge, rest = split_fixture()
+    for changed, message in (
+        (rest | {"scenes_seed": 997}, "scenes_seed"),
+        (rest | {"vanilla": rest["vanilla"] | {"upr": 0.2}}, "vanilla pass differs"),
+        (rest | {"models": {"judge": {"path": "j", "sha256": "other"}}}, "judge is not the same weights"),
+        (rest | {"detectors": {"judge:learned": RESULT_FIXTURE["detectors"]["judge:learned"]}}, "earlier run"),
+    ):
+        with pytest.raises(MergeError, match=message):
+            merge([judge, changed], ["a.json", "b.json"])
+    with pytest.raises(MergeError, match="at least two"):
+        merge([judge], ["a.json"])
+
+
+def test_merge_option_rebuilds_the_committed_merged_result_and_refuses_without_out(tmp_path: Path) -> None:
+    committed = json.loads(RESULT.read_text(encoding="utf-8"))
+    sources = [REPO / r["source"] for r in committed["runs"]]
+    out = tmp_path / "all.json"
+    args = ["bench", "shapesworld", "--merge", *map(str, sources)]
+    with pytest.raises(SystemExit, match="needs --out"):
+        main(args)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(json.loads(sources[1].read_text()) | {"n_chains": 100}))
+    with pytest.raises(SystemExit, match="n_chains"):
+        main(["bench", "shapesworld", "--merge", str(sources[0]), str(other), "--out", str(out)])
+    assert not out.exists()  # a refused merge writes nothing
+    assert main([*args, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    for key in ("detectors", "goals", "models", "vanilla", "left_out"):
+        assert written[key] == committed[key], key
+    parts = [[(r["rows"], r["command"]) for r in result["runs"]] for result in (written, committed)]
+    assert parts[0] == parts[1]
+    assert "--merge" in written["command"] and out.with_suffix(".png").is_file()
+    assert all(r["command"] in out.with_suffix(".md").read_text() for r in committed["runs"])
