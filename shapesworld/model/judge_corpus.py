@@ -21,7 +21,7 @@ wording differs from these lines falls back to the BPE and reads as text the mod
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from faithproxy.detectors.judge_prompt import (
@@ -29,6 +29,7 @@ from faithproxy.detectors.judge_prompt import (
     JUDGE_SYSTEM_PROMPT,
     build_judge_prompt,
 )
+from faithproxy.shapesworld.chains import reference_chain
 from faithproxy.shapesworld.claims import PERCEPTION, check_chain
 from faithproxy.shapesworld.dataset import Item, generate_items
 from faithproxy.shapesworld.judge_reply import describe
@@ -87,32 +88,56 @@ def judge_reply_text(item: Item, sentences: list[str], already_checked: int, ask
 
 def judge_sample(item: Item, rng: random.Random) -> Sample:
     """One judge call about a window of the item's chain, and its right reply."""
+    return judge_samples(item, rng, twins=0.0)[0]
+
+
+def judge_samples(item: Item, rng: random.Random, twins: float) -> list[Sample]:
+    """A judge call about a window of the item's chain; when the window holds the chain's first false
+    sentence, with probability `twins` also the same call about the item's faithful chain (same scene,
+    question and window): its twin.
+
+    Why twins: a window aimed at an error is nearly always a lone perception sentence, so without its
+    faithful twin "one new perception sentence" predicts UNFAITHFUL on its own, and the judge learns
+    that instead of reading the image (the first judge flagged 81% of the generator's true
+    object-in-cell sentences, and nearly every faithful sentence checked alone). A twin differs from
+    its call only where the perturbed belief does, so only looking tells the two apart."""
     sentences = item.chain.sentences
     new = rng.choice(NEW_SENTENCES)
     first_false = item.chain.first_unfaithful
-    if first_false is not None and rng.random() < AIM_AT_ERROR:
+    aimed = first_false is not None and rng.random() < AIM_AT_ERROR
+    if aimed:
         end = rng.randint(first_false + 1, min(len(sentences), first_false + new))
     else:
         end = rng.randint(1, len(sentences))
     start = max(0, end - new)
     ask = start == 0 and rng.random() < ASK_FIRST
+    samples = [_call(item, sentences, start, end, ask)]
+    if aimed and twins and rng.random() < twins:
+        faithful = reference_chain(item.scene, item.question).sentences
+        end = min(end, len(faithful))
+        samples.append(_call(item, faithful, min(start, end - 1), end, ask))
+    return samples
+
+
+def _call(item: Item, sentences: Sequence[str], start: int, end: int, ask: bool) -> Sample:
     prompt = build_judge_prompt(
         item.question.prompt,
-        sentences[:end],
+        list(sentences[:end]),
         already_checked=start,
         description=None if ask else describe(item.scene),
         ask_description=ask,
     )
-    return Sample(JUDGE, item.scene, prompt, judge_reply_text(item, sentences[:end], start, ask))
+    return Sample(JUDGE, item.scene, prompt, judge_reply_text(item, list(sentences[:end]), start, ask))
 
 
-def judge_stream(item_seed: int) -> Iterator[Sample]:
-    """Endless judge samples from the items of `item_seed` (seeded: a pure function of the seed)."""
+def judge_stream(item_seed: int, twins: float = 0.0) -> Iterator[Sample]:
+    """Endless judge samples from the items of `item_seed` (seeded: a pure function of the seed and
+    `twins`; twins=0 is the stream the first judge was trained on, draw for draw)."""
     rng = random.Random(f"shapesworld-judge:{item_seed}")
     i = 0
     while True:
         for item in generate_items(item_seed, 256, start=i, hallucination_rate=HALLUCINATION_RATE):
-            yield judge_sample(item, rng)
+            yield from judge_samples(item, rng, twins)
         i += 256
 
 

@@ -21,6 +21,7 @@ checkpoint with the best validation F1. Seeded: the same flags give the same wei
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import shutil
@@ -43,6 +44,7 @@ from faithproxy.shapesworld.model.judge_corpus import (
     JUDGE_TOKENS,
     judge_messages,
     judge_sample,
+    judge_samples,
     judge_seed,
     judge_stream,
 )
@@ -52,6 +54,7 @@ from faithproxy.tinyvlm.hf_reference import prompt_text
 
 JUDGE_WEIGHTS_DIR = Path(__file__).resolve().parent / "judge_weights"
 MAX_REPLY_TOKENS = 96
+JUDGE_LABEL = "shapesworld-judge"  # what build.save writes as the folder's label
 
 
 def load_start(init: Path, smoke: bool, seed: int) -> tuple[Any, Any]:
@@ -100,11 +103,16 @@ def encode(processor: Any, samples: Sequence[Sample]) -> Batch:
 # --- validation ----------------------------------------------------------------------------------
 
 
-def validation_samples(count: int) -> list[Sample]:
-    """Judge calls about validation scenes (seeded), with the window drawn as in training."""
+def validation_samples(count: int, twins: float = 0.0) -> list[Sample]:
+    """`count` judge calls about validation scenes (seeded), drawn as in training (twins included)."""
     rng = random.Random("shapesworld-judge-validation")
-    items = generate_items(VALIDATION_SEED, count, hallucination_rate=HALLUCINATION_RATE)
-    return [judge_sample(item, rng) for item in items]
+    if not twins:  # the first judge's validation set, draw for draw
+        items = generate_items(VALIDATION_SEED, count, hallucination_rate=HALLUCINATION_RATE)
+        return [judge_sample(item, rng) for item in items]
+    samples: list[Sample] = []
+    for item in generate_items(VALIDATION_SEED, count, hallucination_rate=HALLUCINATION_RATE):
+        samples += judge_samples(item, rng, twins)
+    return samples[:count]
 
 
 def truth_of(sample: Sample) -> int | None:
@@ -193,6 +201,19 @@ def verdict_weights(labels: torch.Tensor, tokenizer: Any, weight: float) -> torc
     return weights[labels != IGNORE]
 
 
+def init_info(init: Path) -> dict[str, Any]:
+    """What the run started from: the weights' sha256 and, for a judge checkpoint, how it was trained
+    (so a judge fine-tuned from an earlier judge still says how to rebuild the whole line)."""
+    weights = init / "model.safetensors"
+    info: dict[str, Any] = {"path": str(init)}
+    if weights.exists():
+        info["sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    label = init / "fixture_digest.txt"  # build.save writes the label there: "shapesworld-judge" for a judge
+    if label.exists() and label.read_text().strip() == JUDGE_LABEL:
+        info["training_info"] = json.loads((init / "training_info.json").read_text())
+    return info
+
+
 def learning_rate(step: int, lr: float, warmup: int) -> float:
     return lr * min(1.0, step / warmup)
 
@@ -204,10 +225,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     model, processor = load_start(args.init, args.smoke, args.seed)
-    validation = validation_samples(args.validation)
-    stream = judge_stream(judge_seed(args.seed))
+    validation = validation_samples(args.validation, args.twins)
+    stream = judge_stream(judge_seed(args.seed), args.twins)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     report: dict[str, Any] = {"command": " ".join(sys.argv), "init": str(args.init), "checkpoints": []}
+    report["init_info"] = init_info(args.init)
     if args.eval_start:
         report["start"] = evaluate(model, processor, validation)
         print(f"start: {json.dumps(report['start'])}", flush=True)
@@ -240,7 +262,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             name = f"step-{step:06d}"
             model.eval()
             info = {"step": step, "samples": step * args.batch_size, "seed": args.seed, "init": str(args.init)}
-            build.save(model, processor, out / "checkpoints" / name, "shapesworld-judge", info)
+            info |= {"twins": args.twins, "init_info": report["init_info"]}
+            build.save(model, processor, out / "checkpoints" / name, JUDGE_LABEL, info)
             entry = {"name": name, "step": step, "validation": evaluate(model, processor, validation)}
             report["checkpoints"].append(entry)
             print(f"checkpoint {name}: {json.dumps(entry['validation'])}", flush=True)
@@ -276,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument(
+        "--twins",
+        type=float,
+        default=0.0,
+        help="share of error-aimed calls followed by their faithful twin (judge_corpus.judge_samples); "
+        "0 replays the first judge's stream",
+    )
     parser.add_argument("--verdict-weight", type=float, default=1.0, help="loss weight of the verdict and its number")
     parser.add_argument("--validation", type=int, default=200, help="validation calls per checkpoint")
     parser.add_argument("--threads", type=int, default=1)

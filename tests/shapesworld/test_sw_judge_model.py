@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 # ruff: noqa: E402 -- after the import skips
 from faithproxy.detectors.judge_prompt import ASK_DESCRIPTION, parse_judge_prompt_details, parse_judge_reply
 from faithproxy.faithcore.types import StepKind
+from faithproxy.shapesworld.chains import reference_chain
 from faithproxy.shapesworld.claims import PERCEPTION, check_chain
 from faithproxy.shapesworld.dataset import generate_items
 from faithproxy.shapesworld.model import WEIGHTS_DIR
@@ -26,6 +27,7 @@ from faithproxy.shapesworld.model.judge_corpus import (
     JUDGE_TOKENS,
     judge_messages,
     judge_sample,
+    judge_samples,
     judge_seed,
     judge_stream,
 )
@@ -107,6 +109,37 @@ def test_samples_are_a_pure_function_of_the_seed():
     assert [s.text for s in again] == [s.text for s in itertools.islice(judge_stream(judge_seed(0)), 20)]
     item = next(generate_items(VALIDATION_SEED, 1, hallucination_rate=1.0))
     assert judge_sample(item, random.Random(1)) == judge_sample(item, random.Random(1))
+
+
+def test_a_twin_is_the_same_call_on_the_faithful_chain_and_only_looking_tells_them_apart():
+    rng, twins = random.Random(3), 0
+    for item in generate_items(VALIDATION_SEED, 200, hallucination_rate=1.0):
+        drawn = judge_samples(item, rng, twins=1.0)
+        if len(drawn) == 1:
+            continue
+        call, twin = drawn
+        twins += 1
+        assert truth_of(call) is not None and truth_of(twin) is None  # aimed at the error; its twin is true
+        first, second = parse_judge_prompt_details(call.text), parse_judge_prompt_details(twin.text)
+        assert second.sentences == list(reference_chain(item.scene, item.question).sentences[: len(second.sentences)])
+        assert (second.question, second.description, second.asks_description) == (
+            first.question,
+            first.description,
+            first.asks_description,
+        )
+        assert twin.scene == call.scene
+        assert len(second.sentences) - second.already_checked >= 1  # the twin checks something
+    assert twins > 100  # nearly every aimed call (70% of hallucinated items) gets its twin
+
+
+def test_twins_zero_replays_the_first_judges_stream_draw_for_draw():
+    """The committed judge's training_info names an earlier judge it was fine-tuned from; that one was
+    trained on the twin-less stream, which must stay reproducible."""
+    plain = [s.text for s in itertools.islice(judge_stream(judge_seed(0)), 60)]
+    rng = random.Random(f"shapesworld-judge:{judge_seed(0)}")
+    replayed = [judge_sample(item, rng).text for item in generate_items(judge_seed(0), 60, hallucination_rate=0.6)]
+    assert plain == replayed
+    assert plain != [s.text for s in itertools.islice(judge_stream(judge_seed(0), twins=1.0), 60)]
 
 
 def test_smoke_training_saves_a_judge_with_its_tokens(tmp_path: Path):
