@@ -10,10 +10,13 @@ count), Fail, or WAIT when it needs the next event. server/session.py performs t
 correct mode, per round:
   every step read so far (at most max_batch_steps) is checked as one batch while the round reads on;
   faithful and reasoning steps are emitted in order; at the first unfaithful perception step the round
-  is dropped (its read-ahead goes), the step is regenerated up to K times, each candidate re-checked,
+  is dropped (vLLM stops decoding), the step is regenerated up to K times, each candidate re-checked,
   and a new round continues from the accepted text. After K failed tries the ORIGINAL step is kept (the
   model's own text; no candidate was better by the detector's standard), residual, and decoding goes on
-  after it. Steps before an upstream failure are still delivered; the failure comes after them.
+  after it: the dropped round's read-ahead continued exactly that prefix, so what it read (whole steps)
+  is checked and delivered as if the round had never stopped, and the new round starts after it (or
+  none starts, when the round had ended). A rewrite makes the read-ahead stale: it goes. Steps before
+  an upstream failure are still delivered; the failure comes after them.
 detect mode:
   text is emitted as it arrives, steps are checked in batches one call at a time, and their verdicts
   follow in EmitVerdicts; nothing is rewritten, an unfaithful step is residual (not corrected).
@@ -188,11 +191,20 @@ class CompletionBudget:
 
 
 @dataclass
+class _ReadAhead:
+    """What the dropped round had read past the flagged step: its items, and its end if it had one."""
+
+    items: list[Item]
+    end: RoundEnd | None
+
+
+@dataclass
 class _Fix:
     """A step being regenerated."""
 
     step: Step
     prefix: list[str]
+    read_ahead: _ReadAhead | None = None
     attempt: int = 0
     candidate: str | None = None  # the candidate being re-checked
 
@@ -417,11 +429,12 @@ class CorrectionCore:
     def _emit_batch(self, batch: list[Item]) -> None:
         """correct mode: emits a checked batch in order, up to its first unfaithful step if that one is
         to be regenerated (the rest of the round is dropped then)."""
-        for item in batch:
+        for pos, item in enumerate(batch):
             if isinstance(item, Step) and _flagged(item):
                 if self._may_regenerate():
+                    read_ahead = _ReadAhead([*batch[pos + 1 :], *self._pending], self._end)
                     self._drop_round()
-                    self._fix = _Fix(item, prefix=[s.text for s in self.steps])
+                    self._fix = _Fix(item, prefix=[s.text for s in self.steps], read_ahead=read_ahead)
                     self._next_try()
                     return
                 _residual(item, "not_corrected")
@@ -531,7 +544,42 @@ class CorrectionCore:
         fix, self._fix = self._fix, None
         assert fix is not None
         self._accept(fix.step)
+        if fix.step.original_text is None and fix.read_ahead is not None and self._resume(fix.read_ahead):
+            return
         self._continue()
+
+    def _resume(self, read_ahead: _ReadAhead) -> bool:
+        """After a kept step: the read-ahead goes back in line and decoding resumes after it. False
+        (nothing changed) when it cannot: a non-text delta in it, which a continuation cannot carry.
+
+        Its steps are checked again, in batches as they come: the verdicts they got came with the batch
+        that flagged the step before them, and a judge that stops at the first unfaithful sentence
+        leaves the ones after it unknown. The template's bridge (a think block it would close) goes
+        after the read-ahead, as it would after any accepted text."""
+        items = read_ahead.items
+        if any(isinstance(item, ExtraDelta) for item in items):
+            return False
+        raw = dict(self._accepted_raw)
+        for item in items:
+            assert isinstance(item, Step | TrailingRaw)
+            raw[item.channel] += item.raw
+            if isinstance(item, Step):
+                item.verdict = item.first_verdict = None
+                item.unchecked_reason = None
+        self._pending.extend(items)
+        if read_ahead.end is not None:  # the round had ended: what it read is the rest of the chain
+            self._end = read_ahead.end
+            return True
+        remaining = self.budget.remaining()
+        if remaining is not None and remaining <= 0:
+            self._end = RoundEnd("length", None)
+            return True
+        continuation = self.rules.reasoning_format.continuation(raw)
+        for channel, text in continuation.bridge.items():
+            self._pending.append(TrailingRaw(channel, text))
+            raw[channel] += text
+        self._start_round(StartRound(raw, remaining, continuation))
+        return True
 
     # ---- rounds -----------------------------------------------------------------------------
 

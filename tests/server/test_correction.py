@@ -230,6 +230,82 @@ def residual_after(k: int) -> Case:
 
 CORRECT = [
     Case(
+        # the dropped round read two steps past the flagged one: after K failed tries the step is kept,
+        # and those two are checked again and delivered; the new round starts after them
+        "kept-step-resumes-after-the-read-ahead",
+        [
+            (p("One circle."), p("It is blue.")),
+            (p("It is big."), r("So B."), verdicts("FU")),
+            rewrite("Try 1."),
+            verdicts("U"),
+            verdicts("FF"),
+            (r("So A."), end()),
+        ],
+        [
+            "start",
+            "check One circle. | It is blue.",
+            "step One circle.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck Try 1.",
+            "tried #1 still_unfaithful",
+            "step It is blue.",
+            "continue content=' One circle. It is blue. It is big. So B.'",
+            "check It is big. | So B.",
+            "step It is big.",
+            "step So B.",
+            "step So A.",
+            "end stop",
+        ],
+        [
+            ("One circle.", "faithful/faithful"),
+            ("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed"),
+            ("It is big.", "faithful/faithful"),
+            ("So B.", "faithful/faithful"),
+            ("So A.", "none/none"),
+        ],
+        {"max_retries": 1},
+    ),
+    Case(
+        # the round had ended: its read-ahead is the rest of the chain, and no round follows the kept step
+        "kept-step-of-an-ended-round-finishes-with-its-read-ahead",
+        [(p("It is blue."), r("So B."), end("length")), verdicts("UN"), rewrite("Try 1."), verdicts("U")],
+        [
+            "start",
+            "check It is blue. | So B.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck Try 1.",
+            "tried #1 still_unfaithful",
+            "step It is blue.",
+            "step So B.",  # reasoning, unknown before: this detector only looks at perception, no call
+            "end length",
+        ],
+        [
+            ("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed"),
+            ("So B.", "none/none"),
+        ],
+        {"max_retries": 1},
+    ),
+    Case(
+        # a non-text delta cannot be part of a continuation: the read-ahead goes, as after a rewrite
+        "kept-step-with-a-tool-delta-in-its-read-ahead-decodes-it-again",
+        [(p("It is blue."), ExtraDelta({"tool_calls": []})), verdicts("U"), rewrite("Try 1."), verdicts("U"), end()],
+        [
+            "start",
+            "check It is blue.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck Try 1.",
+            "tried #1 still_unfaithful",
+            "step It is blue.",
+            "continue content=' It is blue.'",
+            "end stop",
+        ],
+        [("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed")],
+        {"max_retries": 1},
+    ),
+    Case(
         "faithful",
         [(p("One circle."), r("So A."), end()), verdicts("FF")],
         ["start", "check One circle. | So A.", "step One circle.", "step So A.", "end stop"],
