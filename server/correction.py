@@ -606,10 +606,11 @@ class CorrectionCore:
 
     def _drop_round(self) -> None:
         self._tally_round()
-        self._open = False
         self._pending.clear()
         self._failure = None  # the dropped round's failure no longer matters: a new round follows
-        self._out.append(DropRound())
+        if self._open:  # none is when the read-ahead of an ended round was resumed (_resume)
+            self._open = False
+            self._out.append(DropRound())
 
     def _finish(self, finish_reason: str | None) -> None:
         self._over = True

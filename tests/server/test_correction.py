@@ -150,11 +150,16 @@ def play(script: list[Event | tuple[Event, ...]], **rules: Any) -> Played:
     lines: list[str] = []
     over = False
 
+    streaming = False  # what the driver holds: an upstream stream, opened by StartRound
+
     def take() -> None:
-        nonlocal over
+        nonlocal over, streaming
         while not over and (action := core.next_action()) is not WAIT:
             lines.append(line(action))
             over = isinstance(action, EmitEnd | Fail)
+            if isinstance(action, DropRound):  # the driver has no stream to close otherwise
+                assert streaming, f"DropRound with no stream open, after {lines}"
+            streaming = isinstance(action, StartRound) or (streaming and not isinstance(action, DropRound))
 
     for group in script:
         take()
@@ -284,6 +289,44 @@ CORRECT = [
         [
             ("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed"),
             ("So B.", "none/none"),
+        ],
+        {"max_retries": 1},
+    ),
+    Case(
+        # a step of the resumed read-ahead of an ended round is flagged in turn: no stream is open to
+        # drop, and once it is rewritten a new round continues after the rewrite
+        "a-flag-in-the-resumed-read-ahead-of-an-ended-round",
+        [
+            (p("It is blue."), p("It is big."), end()),
+            verdicts("UN"),
+            rewrite("Try 1."),
+            verdicts("U"),
+            verdicts("U"),
+            rewrite("It is small."),
+            verdicts("F"),
+            (r("So A."), end()),
+        ],
+        [
+            "start",
+            "check It is blue. | It is big.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck Try 1.",
+            "tried #1 still_unfaithful",
+            "step It is blue.",
+            "check It is big.",
+            "regenerate It is big. #1",
+            "recheck It is small.",
+            "tried #1 fixed",
+            "step It is small.",
+            "continue content=' It is blue. It is small.'",
+            "step So A.",
+            "end stop",
+        ],
+        [
+            ("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed"),
+            ("It is small.", "unfaithful/faithful fixed@1"),
+            ("So A.", "none/none"),
         ],
         {"max_retries": 1},
     ),
