@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from faithproxy.benchmarks.performance.overhead import pct
-from faithproxy.benchmarks.performance.overhead_client import make_client, request_body, stream_once
+from faithproxy.benchmarks.performance.overhead_client import cpu_seconds, make_client, request_body, stream_once
 from faithproxy.benchmarks.standins.fast_upstream import FastUpstream, expected_text
 from faithproxy.benchmarks.standins.local_server import running_app
 
@@ -28,6 +29,42 @@ def test_percentiles_interpolate() -> None:
     assert pct([3.0], 99) == 3.0
     assert pct([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert pct(list(range(101)), 99) == 99
+
+
+# Spins for the CPU seconds it reads on each line of stdin, answering each with an empty line.
+_SPINNER = """
+import sys, time
+for line in sys.stdin:
+    start = time.thread_time()
+    while time.thread_time() - start < float(line):
+        pass
+    print(flush=True)
+"""
+
+
+def test_cpu_seconds_reads_a_short_burst_to_below_a_tick() -> None:
+    # /proc's tick counts (10 ms) read 0.0 for a proxy's short window on a fast machine (CI once did);
+    # the CPU clock sees a 5 ms burst, and agrees with the ticks once they have something to count.
+    with subprocess.Popen(
+        [sys.executable, "-c", _SPINNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+
+        def spin(seconds: float) -> None:
+            child.stdin.write(f"{seconds}\n")
+            child.stdin.flush()
+            child.stdout.readline()
+
+        try:
+            before = cpu_seconds(child.pid)
+            spin(0.005)
+            assert cpu_seconds(child.pid) - before >= 0.005
+            spin(0.3)
+            stat = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            from_ticks = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+            assert abs(cpu_seconds(child.pid) - from_ticks) < 0.05
+        finally:
+            child.kill()
 
 
 async def test_fast_upstream_streams_the_expected_text_and_holds() -> None:
