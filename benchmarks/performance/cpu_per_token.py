@@ -12,10 +12,11 @@ replies) is.
 
 Configurations, each `--requests` ShapesWorld held-out questions with their image at `--concurrency`,
 streamed and not: `off`; `correct` with detector `none` (the whole correction loop, no checks);
-`correct` with the judge; `detect` with the judge. Between batches the proxy's user+system CPU time is
-read (psutil, or /proc); a configuration's figure is that CPU time over the completion tokens its
-responses report (`usage`: every round's tokens, regenerations' rounds included). The judge client's
-share is reported separately: judge-mode CPU per token minus `correct`/`none`'s, and per judge call.
+`correct` with the judge; `detect` with the judge. Between batches the proxy's CPU time is read
+from its POSIX CPU clock (nanoseconds; /proc's ticks where there is none); a configuration's figure
+is that CPU time over the completion tokens its responses report (`usage`: every round's tokens,
+regenerations' rounds included). The judge client's share is reported separately: judge-mode CPU
+per token minus `correct`/`none`'s, and per judge call.
 Batches run in rounds of `--rounds`, the order of configurations rotating, so drift hits all alike.
 
 `--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
