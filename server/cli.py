@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     from faithproxy.server import uvicorn_server
     from faithproxy.server.app import create_app
 
-    started = uvicorn_server.run(  # uvicorn.run's single process, with a once-a-second housekeeping tick
+    started = uvicorn_server.run(  # uvicorn.run's single process, without the housekeeping tick
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -47,8 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Namespace) -> int:
     """N worker processes (server/workers.py): each builds its app from the environment, where the
     command line's settings are put first, and keeps its metrics in the shared multiprocess folder."""
-    import uvicorn
-
+    from faithproxy.server.supervisor import run_workers
     from faithproxy.server.workers import metrics_folder, reports_file
 
     for name, value in overrides.items():
@@ -56,9 +55,8 @@ def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Name
     # Without a configured report file each worker would keep its own reports, and a lookup that
     # reaches another worker would find none.
     with metrics_folder(), reports_file(settings.reports_path, keep=settings.reports_max_count > 0):
-        uvicorn.run(
+        run_workers(  # uvicorn's supervisor, each worker without the housekeeping tick
             "faithproxy.server.app:create_app",
-            factory=True,
             workers=args.workers,
             host=settings.host,
             port=settings.port,

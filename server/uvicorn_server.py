@@ -15,6 +15,8 @@ Here nothing wakes the loop on a timer:
 
 Only the settings that need uvicorn's periodic check (`limit_max_requests`, `callback_notify`, neither
 of which `faithproxy serve` sets) bring back a tick, once a second.
+
+`serve --workers N` runs this Server in each worker too (server/supervisor.py).
 """
 
 from __future__ import annotations
@@ -115,3 +117,4 @@ def run(app: object, **config: object) -> bool:
     except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C while stopping
         pass
     return server.started
+

@@ -1,7 +1,7 @@
 """Throughput of `faithproxy serve` with 1 and with 2 worker processes, side by side.
 
     .venv/bin/python -m faithproxy.benchmarks.performance.workers [--windows 3 --requests 300 \\
-        --concurrency 32 --chunks 32]
+        --concurrency 32 --chunks 32 --idle-s 5 --baseline SITE]
 
 The fast local upstream (benchmarks/standins/fast_upstream.py) is reached through two proxies, one
 started with `--workers 1`, one with `--workers 2` (each in its own process tree); windows of
@@ -9,8 +9,12 @@ started with `--workers 1`, one with `--workers 2` (each in its own process tree
 `correct` mode with detector `none` (the whole correction loop, no checks: the mode whose CPU per
 token is the highest without a judge). Figures: median requests per second over the windows, and the
 proxy's CPU time (all its processes) per request. Every answer is checked against what the upstream
-sent. On a machine with as many cores as the client, the upstream and the proxy together need, a
-second worker helps only as far as a core is free.
+sent. Then, with no requests, each proxy's CPU per second over `--idle-s` seconds, measured over the
+same seconds for all: what its processes cost while nothing happens (the supervisor's health checks,
+any timer of the server's). `--baseline SITE` adds a third proxy, `--workers 2` of the faithproxy
+installed in SITE (`pip install --no-deps --target SITE <checkout>`): before and after in one run.
+On a machine with as many cores as the client, the upstream and the proxy together need, a second
+worker helps only as far as a core is free.
 """
 
 from __future__ import annotations
@@ -74,6 +78,14 @@ async def measure(proxies: list[targets.Target], args: argparse.Namespace) -> di
     return out
 
 
+async def idle_cpu(proxies: list[targets.Target], seconds: float) -> dict[str, float]:
+    """Each proxy's CPU (all its processes) in ms per second over the same `seconds` of no requests."""
+    pids = {p.name: p.proc.pid for p in proxies if p.proc is not None}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    await asyncio.sleep(seconds)
+    return {name: round((cpu_seconds(pid) - before[name]) / seconds * 1000, 3) for name, pid in pids.items()}
+
+
 @supervised()  # a signal or a failure stops every server started inside
 def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-workers-"))
@@ -93,12 +105,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     60,
                 )
             )
+        if args.baseline:
+            site = Path(args.baseline)
+            started.append(
+                targets.start_ready(
+                    lambda: targets.start_faithproxy(
+                        workdir, upstream.base_url, 4096, name=f"2 workers ({site.name})", site=site, workers=2
+                    ),
+                    "/healthz",
+                    60,
+                )
+            )
         figures = asyncio.run(measure(started[1:], args))
+        idle = asyncio.run(idle_cpu(started[1:], args.idle_s)) if args.idle_s > 0 else {}
     finally:
         for target in reversed(started):
             targets.stop(target)
     return {
         "throughput": figures,
+        "idle_cpu_ms_per_s": idle,
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "workdir")},
         "machine": {
             "cpus": os.cpu_count(),
@@ -116,6 +141,8 @@ def render(result: dict[str, Any]) -> str:
                 f"{mode:<13} {name:<10} {f['rps_median']:>7.1f} req/s (windows {f['rps_windows']}), "
                 f"proxy CPU {f['proxy_cpu_ms_per_request']:.2f} ms/request, {f['errors']} errors"
             )
+    for name, ms in result.get("idle_cpu_ms_per_s", {}).items():
+        lines.append(f"idle          {name:<10} {ms:.3f} ms of CPU per second")
     return "\n".join(lines)
 
 
@@ -127,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="streamed requests per window")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--chunks", type=int, default=32, help="content chunks per answer")
+    parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU to measure (0: none)")
+    parser.add_argument("--baseline", metavar="SITE", help="also race --workers 2 of the faithproxy installed here")
     parser.add_argument("--workdir")
     parser.add_argument("--json")
     args = parser.parse_args(argv)

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -70,6 +71,7 @@ async def test_two_workers_export_one_whole_metrics_view_and_one_trace_file(tmp_
                 async with httpx.AsyncClient(timeout=10) as http:
                     scrapes.append((await http.get(f"{url}/metrics")).text)
             counts = per_worker(folder)
+            idle_wakeups = await asyncio.to_thread(main_thread_wakeups, child.process.pid, 1.5)
         finally:
             child.stop()
     assert [metric(s, "faithproxy_requests_total", mode="off", status="2xx") for s in scrapes] == [REQUESTS] * 8
@@ -79,6 +81,23 @@ async def test_two_workers_export_one_whole_metrics_view_and_one_trace_file(tmp_
     records = [json.loads(line) for line in traces.read_text().splitlines()]
     assert len(records) == REQUESTS and all(r["mode"] == "off" and r["error"] is None for r in records)
     assert len({r["id"] for r in records}) == REQUESTS
+    # Each worker's event loop sleeps until there is work: uvicorn's own Server woke it every 100 ms
+    # (15 times in these 1.5 s); only the supervisor's health check, answered by another thread, remains.
+    assert len(idle_wakeups) == 2 and all(n < 5 for n in idle_wakeups.values()), idle_wakeups
+
+
+def main_thread_wakeups(supervisor: int, seconds: float) -> dict[int, int]:
+    """Voluntary context switches of each worker's main thread (the event loop's) over `seconds`."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    workers = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+    def switches(pid: int) -> int:
+        status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+        return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+    before = {pid: switches(pid) for pid in workers}
+    time.sleep(seconds)
+    return {pid: switches(pid) - n for pid, n in before.items()}
 
 
 async def test_workers_share_one_report_file_when_none_is_configured(tmp_path: Path) -> None:
