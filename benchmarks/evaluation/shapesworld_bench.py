@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import subprocess
 import sys
@@ -76,6 +75,7 @@ from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED, user_message
 from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
 from faithproxy.shapesworld.model.scoring import heldout_items, reply_sentences, score_reply
+from faithproxy.tinyvlm.digest import file_sha256
 from faithproxy.tinyvlm.processes import supervised
 
 # Scoring and reports live in shapesworld_rows and shapesworld_report; these names stay importable here.
@@ -266,14 +266,6 @@ async def run_all(
                 result[row.name]["generator_requests"] = {k: after[k] - before.get(k, 0) for k in after}
             result["traces"] |= read_traces(traces_path)
     return result
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_record(model_dir: Path) -> dict[str, Any]:

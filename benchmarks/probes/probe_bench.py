@@ -53,6 +53,7 @@ from faithproxy.clients.hidden_states import Features, HiddenStatesClient, defau
 from faithproxy.clients.vllm import VLLMClient, assistant_text_of
 from faithproxy.detectors.probe import features_of, parse_recipe
 from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
+from faithproxy.faithcore.errors import UpstreamError
 from faithproxy.faithcore.segmenter import segment_text
 from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, VALIDATION_SEED
 from faithproxy.tinyvlm.processes import supervised
@@ -262,7 +263,15 @@ async def _self_check(
     return None if answer is None else ("faithful" if answer else "unfaithful")
 
 
-async def _collect(args: argparse.Namespace, base_url: str, layers: list[int]) -> list[dict[str, Any]]:
+# A chain whose request broke (a kept-alive connection vLLM closed, a reset) is asked again this many
+# times in all; one lost chain must not cost a run of thousands its every record.
+COLLECT_TRIES = 3
+
+
+async def _collect(
+    args: argparse.Namespace, base_url: str, layers: list[int]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chains' records, in item order, and `id: error` for each chain that failed every try."""
     if args.data == "shapesworld":
         items = _shapesworld_items(args.n, args.seed)
     elif args.data == "shapesworld-labelled":
@@ -278,15 +287,25 @@ async def _collect(args: argparse.Namespace, base_url: str, layers: list[int]) -
     hidden = HiddenStatesClient(vllm, layers)
     gate = asyncio.Semaphore(args.concurrency)
 
-    async def one(item: dict[str, Any]) -> dict[str, Any]:
-        async with gate:
-            return await collect_one(
-                item, args.served_name, vllm, hidden, args.data, not args.no_prompt, args.recipes, images_dir
-            )
+    failed: list[str] = []
 
-    records = await asyncio.gather(*(one(item) for item in items))
-    await vllm.aclose()
-    return records
+    async def one(item: dict[str, Any]) -> dict[str, Any] | None:
+        async with gate:
+            for attempt in range(1, COLLECT_TRIES + 1):
+                try:
+                    return await collect_one(
+                        item, args.served_name, vllm, hidden, args.data, not args.no_prompt, args.recipes, images_dir
+                    )
+                except UpstreamError as exc:
+                    if attempt == COLLECT_TRIES:
+                        failed.append(f"{item['id']}: {exc}")
+            return None
+
+    try:
+        records = await asyncio.gather(*(one(item) for item in items))
+    finally:
+        await vllm.aclose()
+    return [r for r in records if r is not None], failed
 
 
 @supervised()  # a signal or a failure stops every server started inside
@@ -316,7 +335,7 @@ def collect(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     try:
-        records = asyncio.run(_collect(args, server.base_url, layers))
+        records, failed = asyncio.run(_collect(args, server.base_url, layers))
     finally:
         server.stop()
     out = Path(args.out)
@@ -325,6 +344,9 @@ def collect(args: argparse.Namespace) -> int:
     steps = sum(r["timings"]["captured_steps"] for r in records)
     seconds = time.perf_counter() - started
     print(f"{len(records)} chains, {steps} perception steps with features, layers {layers} → {out} ({seconds:.0f}s)")
+    if failed:  # the file holds the others; the exit status says it is short
+        print(f"{len(failed)} chains failed {COLLECT_TRIES} tries and are not in it:", *failed[:10], sep="\n  ")
+        return 1
     return 0
 
 

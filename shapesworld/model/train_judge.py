@@ -21,7 +21,6 @@ checkpoint with the best validation F1. Seeded: the same flags give the same wei
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import shutil
@@ -50,6 +49,7 @@ from faithproxy.shapesworld.model.judge_corpus import (
 )
 from faithproxy.tinyvlm import build
 from faithproxy.tinyvlm.batching import IGNORE, Batch, chat_batch
+from faithproxy.tinyvlm.digest import file_sha256
 from faithproxy.tinyvlm.hf_reference import prompt_text
 
 JUDGE_WEIGHTS_DIR = Path(__file__).resolve().parent / "judge_weights"
@@ -207,7 +207,7 @@ def init_info(init: Path) -> dict[str, Any]:
     weights = init / "model.safetensors"
     info: dict[str, Any] = {"path": str(init)}
     if weights.exists():
-        info["sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+        info["sha256"] = file_sha256(weights)
     label = init / "fixture_digest.txt"  # build.save writes the label there: "shapesworld-judge" for a judge
     if label.exists() and label.read_text().strip() == JUDGE_LABEL:
         info["training_info"] = json.loads((init / "training_info.json").read_text())

@@ -218,6 +218,19 @@ def fixed_at(k: int) -> Case:
     return Case(f"fixed-at-try-{k}", script, lines, steps + [("So A.", "none/none")])
 
 
+# "It is blue." flagged at once, its one try rejected: kept, and decoding continues after it.
+_KEPT_AFTER_ONE_TRY = [
+    "start",
+    "check It is blue.",
+    "drop",
+    "regenerate It is blue. #1",
+    "recheck Try 1.",
+    "tried #1 still_unfaithful",
+    "step It is blue.",
+    "continue content=' It is blue.'",
+]
+
+
 def residual_after(k: int) -> Case:
     """K tries fail: the ORIGINAL step is kept, residual, and decoding continues after it."""
     script: list[Any] = [(p("It is blue."),), verdicts("U")]
@@ -335,14 +348,7 @@ CORRECT = [
         "kept-step-with-a-tool-delta-in-its-read-ahead-decodes-it-again",
         [(p("It is blue."), ExtraDelta({"tool_calls": []})), verdicts("U"), rewrite("Try 1."), verdicts("U"), end()],
         [
-            "start",
-            "check It is blue.",
-            "drop",
-            "regenerate It is blue. #1",
-            "recheck Try 1.",
-            "tried #1 still_unfaithful",
-            "step It is blue.",
-            "continue content=' It is blue.'",
+            *_KEPT_AFTER_ONE_TRY,
             "end stop",
         ],
         [("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed")],
@@ -368,14 +374,7 @@ CORRECT = [
             verdicts("U"),
         ],
         [
-            "start",
-            "check It is blue.",
-            "drop",
-            "regenerate It is blue. #1",
-            "recheck Try 1.",
-            "tried #1 still_unfaithful",
-            "step It is blue.",
-            "continue content=' It is blue.'",
+            *_KEPT_AFTER_ONE_TRY,
             "check It is big.",
             "step It is big.",
             "end stop",
