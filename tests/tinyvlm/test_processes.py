@@ -189,6 +189,9 @@ from pathlib import Path
 from faithproxy.tinyvlm.processes import spawn, supervised
 work, how = Path(sys.argv[1]), sys.argv[2]
 (work / "sigint").write_text("ignored" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "handled")
+# A launcher started from a terminal: a test run under nohup would hand it SIGHUP ignored, which
+# supervised() rightly leaves ignored.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 with supervised():
     for n in (1, 2):
         spawn([sys.executable, "-c", sys.argv[3], str(work / f"child{n}.pids")], work / f"child{n}.log", name=f"c{n}")
