@@ -17,7 +17,7 @@ from faithproxy.server.uvicorn_server import Server
 
 
 class _WorkerProcess(supervisor.Process):
-    """One worker of uvicorn's supervisor, serving with this module's Server. The supervisor pickles
+    """One worker of uvicorn's supervisor, serving with server/uvicorn_server.py's Server. The supervisor pickles
     the worker (spawn), so this class is found by its module path in the new process."""
 
     @property
@@ -28,7 +28,7 @@ class _WorkerProcess(supervisor.Process):
 
 
 def run_workers(app: str, workers: int, **config: object) -> None:
-    """uvicorn.run(app, factory=True, workers=N, **config), each worker with this module's Server.
+    """uvicorn.run(app, factory=True, workers=N, **config), each worker with the tickless Server.
 
     uvicorn's supervisor (Multiprocess) makes its workers from the module global `Process` in three
     places (start, restart, replacing one that died), with no argument to name another class, so the

@@ -117,4 +117,3 @@ def run(app: object, **config: object) -> bool:
     except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C while stopping
         pass
     return server.started
-

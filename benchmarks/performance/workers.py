@@ -95,22 +95,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         upstream = targets.start_ready(lambda: targets.start_upstream(workdir, args.chunks), "/v1/models", 30)
         started.append(upstream)
-        for n in (1, 2):
-            started.append(
-                targets.start_ready(
-                    lambda n=n: targets.start_faithproxy(
-                        workdir, upstream.base_url, 4096, name=f"{n} worker{'s' if n > 1 else ''}", workers=n
-                    ),
-                    "/healthz",
-                    60,
-                )
-            )
+        proxies: list[tuple[str, Path | None, int]] = [("1 worker", None, 1), ("2 workers", None, 2)]
         if args.baseline:
             site = Path(args.baseline)
+            proxies.append((f"2 workers ({site.name})", site, 2))
+        for name, site_or_none, n in proxies:
             started.append(
                 targets.start_ready(
-                    lambda: targets.start_faithproxy(
-                        workdir, upstream.base_url, 4096, name=f"2 workers ({site.name})", site=site, workers=2
+                    lambda name=name, site=site_or_none, n=n: targets.start_faithproxy(
+                        workdir, upstream.base_url, 4096, name=name, site=site, workers=n
                     ),
                     "/healthz",
                     60,
