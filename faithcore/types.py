@@ -70,6 +70,10 @@ class Step:
     raw: str
     channel: Channel = Channel.CONTENT
     kind: StepKind = StepKind.REASONING
+    # The step typer's kind, kept when a detector that types steps retyped it: that typing came with a
+    # verdict, and a step whose verdict is discarded to be checked again (a kept step's read-ahead) goes
+    # back to it, as it was read.
+    typed_kind: StepKind | None = None
     verdict: Verdict | None = None  # the final verdict (of the corrected text, when it was rewritten)
     first_verdict: Verdict | None = None  # the verdict the model's ORIGINAL text got: detected UPR counts it
     attempts: int = 0  # regeneration tries spent on this step

@@ -405,7 +405,8 @@ class CorrectionCore:
             return True
         assert checked.verdicts is not None and len(checked.verdicts) == len(steps), "one verdict per step"
         for step, verdict in zip(steps, checked.verdicts, strict=True):
-            if verdict.kind is not None:
+            if verdict.kind is not None and verdict.kind is not step.kind:
+                step.typed_kind = step.typed_kind or step.kind
                 step.kind = verdict.kind  # the detector's typing is better than the keyword heuristic
             step.verdict = step.first_verdict = verdict
             if verdict.unchecked and step.kind is StepKind.PERCEPTION:  # e.g. the judge's "budget"
@@ -566,6 +567,9 @@ class CorrectionCore:
             if isinstance(item, Step):
                 item.verdict = item.first_verdict = None
                 item.unchecked_reason = None
+                # its detector typing went with the discarded verdict: the judge gate and the next
+                # detector see the step as the typer read it (one retyped as reasoning was gated here)
+                item.kind, item.typed_kind = item.typed_kind or item.kind, None
         self._pending.extend(items)
         if read_ahead.end is not None:  # the round had ended: what it read is the rest of the chain
             self._end = read_ahead.end

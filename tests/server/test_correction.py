@@ -587,6 +587,35 @@ CORRECT = [
         {"detector_types_steps": True, "gate_without_perception": True},
     ),
     Case(
+        # the detector typed "It is big." reasoning with the verdict that is discarded when the step
+        # before it is kept: checked again, it is the typer's perception step, not a batch for the gate
+        "a-read-ahead-step-the-detector-retyped-goes-back-to-the-typers-kind-and-past-the-gate",
+        [
+            (p("It is blue."), p("It is big.")),
+            Checked([Verdict(Faithfulness.UNFAITHFUL, "d", kind=P), Verdict(Faithfulness.UNKNOWN, "d", kind=R)]),
+            rewrite("Try 1."),
+            verdicts("U"),
+            verdicts("F"),
+            (r("So A."), end()),
+        ],
+        [
+            *_KEPT_AFTER_ONE_TRY[:1],
+            "check It is blue. | It is big.",
+            *_KEPT_AFTER_ONE_TRY[2:-1],
+            "continue content=' It is blue. It is big.'",
+            "check It is big.",
+            "step It is big.",
+            "step So A.",
+            "end stop",
+        ],
+        [
+            ("It is blue.", "unfaithful/unfaithful tries=1 residual:regeneration_failed"),
+            ("It is big.", "faithful/faithful"),
+            ("So A.", "none/none unchecked:gated"),
+        ],
+        {"max_retries": 1, "detector_types_steps": True, "gate_without_perception": True},
+    ),
+    Case(
         "the-gate-marks-nothing-for-a-detector-that-only-sees-perception-steps",
         [(r("So A."), end())],
         ["start", "step So A.", "end stop"],
