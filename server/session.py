@@ -1,13 +1,14 @@
-"""ChainSession: the async driver around the correction core.
+"""ChainSession: the async driver of the correction machine (faithcore/correction/).
 
-The core (server/correction.py) decides everything: what reaches the client, which batch is checked,
-which step is regenerated, when a round starts, is dropped or ends, and each step's outcome. The session
-only does what it asks — reads upstream rounds (server/reader.py, a task running ahead of the checks),
-calls the detector and the regenerator — hands the results back, and counts what the core decided.
+The machine decides everything: what reaches the client, which batch is checked, which step is
+regenerated, when a round starts, is dropped or ends, and each step's outcome. The session only does
+what it asks — runs upstream rounds (server/reader.py, a task feeding the machine ahead of the checks),
+calls the detector and the regenerator with a frozen view of the request — hands the results back, and
+counts what the machine decided.
 
 correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect
-mode runs the reader (producer) and a checker (consumer) side by side in one TaskGroup: text goes out
-as it arrives, verdicts follow as each batch is checked.
+mode runs the reader and a checker side by side in one TaskGroup: text goes out as it arrives, verdicts
+follow as each batch is checked.
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
-from faithproxy.detectors.probe import REASONING_FORMAT_OPTION
-from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, RegenerationError
-from faithproxy.faithcore.reasoning_formats import get_format
-from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind
-from faithproxy.regenerators.base import Regenerator
-from faithproxy.server.correction import (
+from faithproxy.detectors.features import record_features
+from faithproxy.faithcore.context import RequestView
+from faithproxy.faithcore.correction import (
     WAIT,
-    Action,
+    ChainResult,
     Check,
     Checked,
     CorrectionCore,
@@ -42,26 +39,27 @@ from faithproxy.server.correction import (
     Regenerate,
     Regenerated,
     Rules,
-    SessionStats,
     StartRound,
     Tried,
 )
+from faithproxy.faithcore.errors import DetectorError, RegenerationError
+from faithproxy.faithcore.reasoning_formats import ReasoningFormat
+from faithproxy.faithcore.types import Channel, Step
+from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.metrics import Metrics, detector_error_label
 from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.reader import ItemQueue, RoundReader, TextDelta
+from faithproxy.server.reader import RoundReader
 from faithproxy.server.settings import Settings
+from faithproxy.server.step_metrics import count_step
 
-__all__ = ["ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "SessionStats"]
+__all__ = ["ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts"]
 
 
 @dataclass
 class ChainSession:
-    # The core's class: the performance benchmark swaps in its strictly sequential variant.
-    core_class: ClassVar[type[CorrectionCore]] = CorrectionCore
-
     settings: Settings
     policy: RequestPolicy
-    ctx: ChainContext
+    view: RequestView  # what detectors and regenerators may know; its accepted steps come from the machine
     generator: VLLMClient
     detector: Detector
     regenerator: Regenerator
@@ -69,23 +67,25 @@ class ChainSession:
     body: dict[str, Any]  # the client's body, unknown fields included, forwarded to vLLM
     model_label: str = "other"
     hidden_states: Any = None  # a HiddenStatesClient when features are recorded for traces
-    steps: list[Step] = field(default_factory=list)  # every step emitted, in order (the core fills it)
-    stats: SessionStats = field(default_factory=SessionStats)
-    field_names: dict[Channel, str] = field(default_factory=dict)
+    verification_s: float = 0.0  # time the client waited on checks and rewrites
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def __post_init__(self) -> None:
-        settings = self.settings
-        self.reasoning_format = get_format(
-            self.policy.reasoning_format or settings.reasoning_format, settings.think_open_tag, settings.think_close_tag
-        )
-        # hidden-state captures render the chain with the think markers the model saw (detectors/probe.py)
-        self.ctx.options[REASONING_FORMAT_OPTION] = self.reasoning_format
         # `include_reasoning: false` asks vLLM to leave the thinking out of the response. The proxy still
         # reads (and checks, and corrects) it, since the answer is written from it: it is dropped on the
         # way out instead.
         self.hide_reasoning = self.body.get("include_reasoning") is False
+        self.core = CorrectionCore(self.rules(self.reasoning_format))
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat:
+        assert self.view.reasoning_format is not None, "the door sets the request's reasoning format"
+        return self.view.reasoning_format
+
+    def rules(self, reasoning_format: ReasoningFormat) -> Rules:
+        """The machine's rules for this request, from the policy, the settings and the detector."""
         limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
-        rules = Rules(
+        return Rules(
             mode="detect" if self.policy.mode == "detect" else "correct",
             detector=self.policy.detector,
             max_retries=self.policy.max_retries,
@@ -96,57 +96,46 @@ class ChainSession:
             detector_types_steps=self.detector.types_steps,
             gate_without_perception=not self.settings.judge_every_step,
             completion_budget=limit if isinstance(limit, int) else None,
-            reasoning_format=self.reasoning_format,
+            reasoning_format=reasoning_format,
+            sequential=self.settings.sequential_checks,
         )
-        self.core = self.core_class(rules, self.ctx, steps=self.steps, stats=self.stats, field_names=self.field_names)
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return self.core.steps
+
+    def result(self) -> ChainResult:
+        return self.core.result()
 
     async def run(self) -> AsyncIterator[Emit]:
-        """Performs the core's actions until it ends; a failure is raised after what was emitted."""
+        """Performs the machine's actions until it ends; a failure is raised after what was emitted."""
         core, detect = self.core, self.policy.mode == "detect"
         checks: asyncio.Queue[Check] = asyncio.Queue()  # detect mode: work for the checker
-        reader: RoundReader | None = None
         task: asyncio.Task[None] | None = None
         try:
             while True:
                 action = core.next_action()
-                if action is WAIT:  # the round's next item (in detect mode: or a check's result)
-                    assert reader is not None
-                    core.receive(await reader.queue.get())
-                    if not detect:  # everything read so far goes into the next batch
-                        self._receive_ready(reader)
+                if action is WAIT:  # the round's next step or end (in detect mode: or a check's result)
+                    await self._wakeup.wait()
+                    self._wakeup.clear()
                 elif isinstance(action, StartRound):
-                    reader = RoundReader(
-                        self.generator,
-                        self._round_body(action),
-                        first_index=len(self.steps),
-                        # correct mode: a text delta is only counted by the core, so it wakes nobody; the
-                        # session takes it with the next item that does (server/reader.py, ItemQueue).
-                        queue=ItemQueue(quiet=() if detect else (TextDelta,)),
-                        tags=self.reasoning_format.tags,
-                        in_answer=action.continuation is not None and action.continuation.in_answer,
-                    )
+                    reader = RoundReader(self.generator, self._round_body(action), core, core.round, self._wake)
                     task = asyncio.create_task(self._read(reader, checks if detect else None))
                 elif isinstance(action, DropRound):
                     assert task is not None
                     await _cancel(task)  # closes the upstream stream: vLLM aborts, the read-ahead goes
-                    reader = task = None
+                    task = None
                 elif isinstance(action, Check) and detect:
                     checks.put_nowait(action)
                 elif isinstance(action, Check):
-                    checked = await self._verify(action)
-                    if reader is not None:  # what the round read meanwhile (its end, perhaps) comes first
-                        self._receive_ready(reader)
-                    core.receive(checked)
+                    core.receive(await self._verify(action))
                 elif isinstance(action, Regenerate):
                     core.receive(await self._regenerate(action))
                 elif isinstance(action, Fail):
                     raise action.error
                 elif isinstance(action, Tried):
-                    self._count(action)
-                else:
-                    self._count(action)
-                    if self.hide_reasoning and isinstance(action, EmitText) and action.channel is Channel.REASONING:
-                        continue  # counted, not sent: the client asked for no reasoning
+                    self.metrics.regeneration_attempts.labels(action.outcome).inc()
+                elif self._deliver(action):
                     yield action
                     if isinstance(action, EmitEnd):
                         return
@@ -154,71 +143,80 @@ class ChainSession:
             if task is not None:
                 await _cancel(task)
 
-    # ---- the I/O the core asks for ------------------------------------------------------------
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    def _deliver(self, action: Emit) -> bool:
+        """Counts the steps an emit settles; False when it is not sent (the client asked for no reasoning)."""
+        if isinstance(action, EmitText) and action.step is not None:
+            count_step(self.metrics, action.step, self.policy.detector, self.model_label)
+        elif isinstance(action, EmitVerdicts):
+            for step in action.steps:
+                count_step(self.metrics, step, self.policy.detector, self.model_label)
+        return not (self.hide_reasoning and isinstance(action, EmitText) and action.channel is Channel.REASONING)
+
+    # ---- the I/O the machine asks for ---------------------------------------------------------
 
     async def _read(self, reader: RoundReader, checks: asyncio.Queue[Check] | None) -> None:
-        """One round: the reader alone, or (detect mode) the reader as producer and a checker as consumer
-        in one TaskGroup. The checker posts its results into the reader's queue: the session waits on one
-        queue for whichever comes first."""
+        """One round: the reader alone, or (detect mode) the reader and a checker in one TaskGroup."""
         if checks is None:
             await reader.run()
             return
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(reader.run())
-            tasks.create_task(self._checker(checks, reader.queue))
+            tasks.create_task(self._checker(checks))
 
-    async def _checker(self, checks: asyncio.Queue[Check], results: ItemQueue) -> None:
+    async def _checker(self, checks: asyncio.Queue[Check]) -> None:
         while True:
             check = await checks.get()
             try:
                 result = await self._verify(check)
-            except Exception as exc:  # a bug in a detector: the core fails the request with it
+            except Exception as exc:  # a bug in a detector: the machine fails the request with it
                 result = Checked(error=exc)
-            results.put_nowait(result)
-
-    def _receive_ready(self, reader: RoundReader) -> None:
-        while not reader.queue.empty():
-            self.core.receive(reader.queue.get_nowait())
+            self.core.receive(result)
+            self._wake()
 
     async def _verify(self, check: Check) -> Checked:
         """The detector's verdicts; the trace's hidden-state features are read beside them when the
         server records features and the detector does not read its own (new steps only, not rewrites)."""
+        view = self.view.with_accepted(check.accepted)
         if self.hidden_states is None or self.detector.reads_hidden_states or check.candidate:
-            return await self._check(check)
-        from faithproxy.detectors.probe import record_features
-
-        checked, _ = await asyncio.gather(
-            self._check(check), record_features(self.hidden_states, self.ctx, check.steps)
+            return await self._check(view, check)
+        checked, features = await asyncio.gather(
+            self._check(view, check), record_features(self.hidden_states, view, check.steps)
         )
-        return checked
+        return Checked(checked.verdicts, checked.error, checked.usage, features)
 
-    async def _check(self, check: Check) -> Checked:
-        """One detector call; a DetectorError is its result (counted here, judged by the core)."""
+    async def _check(self, view: RequestView, check: Check) -> Checked:
+        """One detector call; a DetectorError is its result (counted here, judged by the machine)."""
         name = self.policy.detector
         started = time.perf_counter()
         try:
-            verdicts = await self.detector.check(self.ctx, check.steps)
-            if len(verdicts) != len(check.steps):
-                raise DetectorError(f"detector {name} returned {len(verdicts)} verdicts for {len(check.steps)} steps")
-            return Checked(verdicts)
+            result = await self.detector.check(view, check.steps)
+            if len(result.verdicts) != len(check.steps):
+                raise DetectorError(
+                    f"detector {name} returned {len(result.verdicts)} verdicts for {len(check.steps)} steps"
+                )
+            return Checked(list(result.verdicts), usage=result.usage)
         except DetectorError as exc:
             self.metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
             return Checked(error=exc)
         finally:
             elapsed = time.perf_counter() - started
-            self.stats.verification_s += elapsed
+            self.verification_s += elapsed
             self.metrics.detector_latency.labels(name).observe(elapsed)
             self.metrics.detector_batch.labels(name).observe(len(check.steps))
 
     async def _regenerate(self, action: Regenerate) -> Regenerated:
         started = time.perf_counter()
+        view = self.view.with_accepted(action.accepted)
         try:
-            candidate = await self.regenerator.regenerate(self.ctx, action.prefix, action.step, action.attempt)
-            return Regenerated(candidate)
+            rewrite = await self.regenerator.regenerate(view, action.prefix, action.step, action.attempt)
+            return Regenerated(rewrite.candidate, usage=rewrite.usage)
         except RegenerationError as exc:
             return Regenerated(error=exc)
         finally:
-            self.stats.verification_s += time.perf_counter() - started
+            self.verification_s += time.perf_counter() - started
 
     def _round_body(self, start: StartRound) -> dict[str, Any]:
         body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options", "include_reasoning")}
@@ -234,34 +232,6 @@ class ChainSession:
             body["max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"] = start.max_tokens
         return body
 
-    # ---- metrics: read what the core decided, never decide -------------------------------------
-
-    def _count(self, action: Action) -> None:
-        if isinstance(action, Tried):
-            self.metrics.regeneration_attempts.labels(action.outcome).inc()
-        elif isinstance(action, EmitText) and action.step is not None:
-            self._count_step(action.step)
-        elif isinstance(action, EmitVerdicts):
-            for step in action.steps:
-                self._count_step(step)
-
-    def _count_step(self, step: Step) -> None:
-        """Counts a step whose outcome the core has settled (it left the core)."""
-        m, detector, model = self.metrics, self.policy.detector, self.model_label
-        detected = step.first_verdict.faithfulness if step.first_verdict else Faithfulness.UNKNOWN
-        m.steps.labels(step.kind.value, detected.value, detector, model).inc()
-        if step.attempts:
-            outcome = "fixed" if step.original_text is not None else "failed"
-            m.regeneration_outcomes.labels(outcome, str(step.attempts)).inc()
-        if step.unchecked_reason == "gated":
-            m.gated_steps.labels(detector, model).inc()
-        if step.kind is not StepKind.PERCEPTION:
-            return
-        if detected is Faithfulness.UNKNOWN:
-            m.unchecked.labels(detector, model, step.unchecked_reason or "detector_error").inc()
-        if step.residual:
-            m.residual.labels(detector, model, step.residual_reason or "unchecked").inc()
-
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
     """Cancels `task` and waits for it to finish its cleanup (closing the upstream response).
@@ -274,4 +244,4 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         task.cancel()
     await asyncio.wait({task})
     if not task.cancelled():
-        task.exception()  # retrieved: a failed task's error was already handed over as an item
+        task.exception()  # retrieved: a failed task's error was already handed over as an event

@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     max_regenerations_per_request: int = 16
     # Most steps sent to the detector in one call when it lags behind decoding.
     max_batch_steps: int = 16
+    # The strictly sequential loop (Rules.sequential): one step per check, the model stopped after each
+    # and continued in a new round. Slower by design: the pipelining benchmark's baseline, not a mode.
+    sequential_checks: bool = False
     # Where the served model writes its thinking and how its chat template renders a partial assistant
     # message (faithcore/reasoning_formats.py: think | plain | think_answer | qwen3 | think_prompt). It
     # decides the markers that bound steps and the message a continuation sends; with --reasoning-parser

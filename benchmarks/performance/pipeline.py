@@ -2,8 +2,8 @@
 
 Real vLLM (CPU) serves the fixture model; a local judge answers after a fixed latency set equal to the
 measured decode time of one step; two proxy processes run, `faithproxy serve` (pipelined: decoding
-runs ahead while a step is checked) and the strictly sequential variant (benchmarks/performance/
-sequential.py: one step per upstream request, checked before the next is decoded).
+runs ahead while a step is checked) and the same command with FAITHPROXY_SEQUENTIAL_CHECKS=true (the
+machine's sequential rule: one step per upstream request, checked before the next is decoded).
 Configurations are interleaved request by request, so machine noise hits them alike; figures are
 ratios to the unverified proxy (X-Faithproxy-Mode: off) measured in the same run.
 
@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.testing import running_app
 from faithproxy.tinyvlm import processes
 
 CLEAN = ("green_circle", "yellow_triangle")  # chains with no unfaithful step
@@ -131,9 +131,9 @@ def _serve(name: str, port: int, upstream: str, judge_url: str, pipelined: bool,
         **os.environ,
         "FAITHPROXY_JUDGES": json.dumps(judges),
         "FAITHPROXY_REGENERATION_TEMPERATURE": "0",
+        "FAITHPROXY_SEQUENTIAL_CHECKS": "false" if pipelined else "true",
     }
-    command = ["faithproxy.cli", "serve"] if pipelined else ["faithproxy.benchmarks.performance.sequential"]
-    argv = [sys.executable, "-m", *command, "--upstream", upstream, "--port", str(port)]
+    argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--upstream", upstream, "--port", str(port)]
     return processes.spawn([*argv, "--log-level", "warning"], log, name=name, env=env)
 
 

@@ -1,8 +1,13 @@
-"""The correction core (server/correction.py), transition by transition, without asyncio.
+"""The correction machine (faithcore/correction/), transition by transition, without asyncio.
 
-Each case is a script: groups of events fed to the core (reader items, check and regeneration results);
-before each group and at the end, every action the core has for us is taken and written down as a short
-line. A case states the lines it expects and the outcome of every step the client received.
+Each case is a script: groups of events fed to the machine (upstream deltas, check and regeneration
+results); before each group and at the end, every action the machine has for us is taken and written down
+as a short line. A case states the lines it expects and the outcome of every step the client received.
+
+The scripts state where steps end and what kind they are: the machine's rules take a segmenter that cuts
+after every fed piece ending a sentence and a typer that reads the kind each script gave its step (the
+real segmenter and typer are tested in test_segmenter.py and test_kinds.py, and with the machine in
+test_correction_wire.py).
 """
 
 from __future__ import annotations
@@ -12,50 +17,102 @@ from typing import Any
 
 import pytest
 
-from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, RegenerationError, UpstreamError
-from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
-from faithproxy.server.correction import (
+from faithproxy.faithcore.context import Usage
+from faithproxy.faithcore.correction import (
     WAIT,
     Check,
     Checked,
     CorrectionCore,
+    Delta,
     DropRound,
     EmitEnd,
     EmitExtra,
     EmitText,
     EmitVerdicts,
     Event,
+    Extras,
     Fail,
     Regenerate,
     Regenerated,
+    RoundEnd,
+    RoundFailed,
     Rules,
     StartRound,
     Tried,
 )
-from faithproxy.server.reader import ExtraDelta, RoundEnd, RoundFailed, TextDelta, TrailingRaw
+from faithproxy.faithcore.errors import DetectorError, RegenerationError, UpstreamError
+from faithproxy.faithcore.segmenter import StepSegmenter
+from faithproxy.faithcore.types import Channel, Faithfulness, Segment, Step, StepKind, Verdict
 
 P, R = StepKind.PERCEPTION, StepKind.REASONING
 CONTENT, REASONING = Channel.CONTENT, Channel.REASONING
 
+# ---- how the scripts cut and type steps --------------------------------------------------------
+
+KINDS: dict[str, StepKind] = {}  # each step text of the scripts, with the kind its script gave it
+
+
+class ScriptedSegmenter:
+    """Cuts after every fed piece whose text ends a sentence (whitespace after the end stays for the next
+    step, or trails): the script says where each step ends."""
+
+    def __init__(self, tags: tuple[str, ...] = ()) -> None:
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[Segment]:
+        self._buffer += text
+        cut = len(self._buffer.rstrip())
+        if not self._buffer[:cut].endswith((".", "?", "!")):
+            return []
+        raw, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        return [Segment(0, raw.strip(), raw)]
+
+    def flush(self) -> list[Segment]:
+        raw, self._buffer = self._buffer, ""
+        return [Segment(0, raw.strip(), raw)] if raw else []
+
+
+def scripted_kind(text: str) -> StepKind:
+    return KINDS[text]
+
+
+def rules(**overrides: Any) -> Rules:
+    return Rules(**{"mode": "correct", "detector": "d", "segmenter": ScriptedSegmenter, "typer": scripted_kind,
+                    **overrides})  # fmt: skip
+
+
 # ---- events ------------------------------------------------------------------------------------
 
-
-def p(text: str, channel: Channel = CONTENT) -> Step:
-    """A perception step as the reader cuts it (its raw text has the space before it)."""
-    return Step(index=0, text=text, raw=" " + text, channel=channel, kind=P)
+_FIELD = {CONTENT: "content", REASONING: "reasoning"}
 
 
-def r(text: str, channel: Channel = CONTENT) -> Step:
-    return Step(index=0, text=text, raw=" " + text, channel=channel, kind=R)
+def said(text: str, kind: StepKind, channel: Channel, name: str | None) -> Delta:
+    assert KINDS.setdefault(text, kind) is kind, f"{text!r} is given two kinds"
+    return Delta(name or _FIELD[channel], " " + text)
 
 
-def delta(text: str, channel: Channel = CONTENT, name: str = "content") -> TextDelta:
-    return TextDelta(channel, name, text)
+def p(text: str, channel: Channel = CONTENT, name: str | None = None) -> Delta:
+    """A perception step as one delta (the space before it included)."""
+    return said(text, P, channel, name)
+
+
+def r(text: str, channel: Channel = CONTENT, name: str | None = None) -> Delta:
+    return said(text, R, channel, name)
+
+
+def pieces(*texts: str, kind: StepKind) -> tuple[Delta, ...]:
+    """One step said in several deltas (one per token, as vLLM streams)."""
+    KINDS["".join(texts).strip()] = kind
+    return tuple(Delta("content", text) for text in texts)
+
+
+def delta(text: str, channel: Channel = CONTENT, name: str | None = None) -> Delta:
+    """Text that ends no step by itself."""
+    return Delta(name or _FIELD[channel], text)
 
 
 def end(reason: str = "stop", completion_tokens: int = 10) -> RoundEnd:
-    return RoundEnd(reason, {"prompt_tokens": 5, "completion_tokens": completion_tokens}, {"id": "upstream-1"})
+    return RoundEnd(reason, {"prompt_tokens": 5, "completion_tokens": completion_tokens}, "upstream-1")
 
 
 def broke() -> RoundFailed:
@@ -134,20 +191,18 @@ def outcome(step: Step) -> str:
     return " ".join(parts)
 
 
-def context() -> ChainContext:
-    return ChainContext("r1", "m", [{"role": "user", "content": "q"}], "q", [])
-
-
 @dataclass
 class Played:
     lines: list[str]
     core: CorrectionCore
     over: bool
+    checks: list[Check] = field(default_factory=list)
 
 
-def play(script: list[Event | tuple[Event, ...]], **rules: Any) -> Played:
-    core = CorrectionCore(Rules(**{"mode": "correct", "detector": "d", **rules}), context())
+def play(script: list[Event | tuple[Event, ...]], **overrides: Any) -> Played:
+    core = CorrectionCore(rules(**overrides))
     lines: list[str] = []
+    checks: list[Check] = []
     over = False
 
     streaming = False  # what the driver holds: an upstream stream, opened by StartRound
@@ -156,6 +211,8 @@ def play(script: list[Event | tuple[Event, ...]], **rules: Any) -> Played:
         nonlocal over, streaming
         while not over and (action := core.next_action()) is not WAIT:
             lines.append(line(action))
+            if isinstance(action, Check):
+                checks.append(action)
             over = isinstance(action, EmitEnd | Fail)
             if isinstance(action, DropRound):  # the driver has no stream to close otherwise
                 assert streaming, f"DropRound with no stream open, after {lines}"
@@ -166,7 +223,7 @@ def play(script: list[Event | tuple[Event, ...]], **rules: Any) -> Played:
         for event in group if isinstance(group, tuple) else (group,):
             core.receive(event)
     take()
-    return Played(lines, core, over)
+    return Played(lines, core, over, checks)
 
 
 @dataclass
@@ -346,7 +403,7 @@ CORRECT = [
     Case(
         # a non-text delta cannot be part of a continuation: the read-ahead goes, as after a rewrite
         "kept-step-with-a-tool-delta-in-its-read-ahead-decodes-it-again",
-        [(p("It is blue."), ExtraDelta({"tool_calls": []})), verdicts("U"), rewrite("Try 1."), verdicts("U"), end()],
+        [(p("It is blue."), Extras({"tool_calls": []})), verdicts("U"), rewrite("Try 1."), verdicts("U"), end()],
         [
             *_KEPT_AFTER_ONE_TRY,
             "end stop",
@@ -627,13 +684,13 @@ CORRECT = [
         {"gate_without_perception": True},
     ),
     Case(
+        # the newline after the last step is known to trail only when the round ends: after the extras
         "trailing-raw-and-extras-keep-their-place",
         [
             (
-                delta(" One circle.\n"),
                 p("One circle."),
-                TrailingRaw(CONTENT, "\n"),
-                ExtraDelta({"tool_calls": [{"index": 0}]}),
+                delta("\n"),
+                Extras({"tool_calls": [{"index": 0}]}),
                 end(),
             ),
             verdicts("F"),
@@ -642,8 +699,8 @@ CORRECT = [
             "start",
             "check One circle.",
             "step One circle.",
-            "text '\\n'",
             "extra {'tool_calls': [{'index': 0}]}",
+            "text '\\n'",
             "end stop",
         ],
         [("One circle.", "faithful/faithful")],
@@ -652,18 +709,15 @@ CORRECT = [
         "reasoning-and-content-channels",
         [
             (
-                delta(" One circle.", REASONING, "reasoning_content"),
-                p("One circle.", REASONING),
-                delta(" It is blue.", REASONING, "reasoning_content"),
-                p("It is blue.", REASONING),
-                TrailingRaw(REASONING, "\n"),
-                delta("A.", CONTENT, "content"),
-                r("A.", CONTENT),
+                p("One circle.", REASONING, "reasoning_content"),
+                p("It is blue.", REASONING, "reasoning_content"),
+                delta("\n", REASONING, "reasoning_content"),
+                r("A.", CONTENT, "content"),  # the answer starts: the reasoning's trailing newline first
             ),
             verdicts("FUN"),
             rewrite("It is red."),
             verdicts("F"),
-            (delta("\n"), TrailingRaw(REASONING, "\n"), delta("So A.", CONTENT), r("So A.", CONTENT), end()),
+            (delta("\n", REASONING, "reasoning_content"), r("So A.", CONTENT), end()),
         ],
         [
             "start",
@@ -702,9 +756,7 @@ DETECT = [
     Case(
         "text-at-once-verdicts-after",
         [
-            delta(" One circle."),
             p("One circle."),
-            delta(" It is blue."),
             p("It is blue."),
             verdicts("F"),
             end(),
@@ -727,7 +779,11 @@ DETECT = [
         [p("A1."), p("A2."), p("A3."), p("A4."), verdicts("F"), verdicts("FF"), end(), verdicts("F")],
         [
             "start",
+            "text ' A1.'",
             "check A1.",
+            "text ' A2.'",
+            "text ' A3.'",
+            "text ' A4.'",
             "verdicts A1.",
             "check A2. | A3.",
             "verdicts A2. | A3.",
@@ -741,24 +797,24 @@ DETECT = [
     Case(
         "end-waits-for-the-check-in-flight",
         [p("One circle."), end(), verdicts("F")],
-        ["start", "check One circle.", "verdicts One circle.", "end stop"],
+        ["start", "text ' One circle.'", "check One circle.", "verdicts One circle.", "end stop"],
         [("One circle.", "faithful/faithful")],
     ),
     Case(
         "upstream-failure-fails-at-once",
-        [delta(" One circle."), p("One circle."), broke()],
+        [p("One circle."), broke()],
         ["start", "text ' One circle.'", "check One circle.", "fail UpstreamError"],
         [("One circle.", "none/none")],
     ),
     Case(
         "detector-error-pass",
         [p("One circle."), end(), detector_down()],
-        ["start", "check One circle.", "verdicts One circle.", "end stop"],
+        ["start", "text ' One circle.'", "check One circle.", "verdicts One circle.", "end stop"],
         [("One circle.", "unknown/unknown residual:unchecked unchecked:detector_error")],
     ),
     Case(
         "detector-error-fail",
-        [delta(" One circle."), p("One circle."), detector_down()],
+        [p("One circle."), detector_down()],
         ["start", "text ' One circle.'", "check One circle.", "fail DetectorError"],
         [("One circle.", "none/none")],
         {"on_detector_error": "fail"},
@@ -766,26 +822,40 @@ DETECT = [
     Case(
         "never-regenerates",
         [p("It is blue."), end(), verdicts("U")],
-        ["start", "check It is blue.", "verdicts It is blue.", "end stop"],
+        ["start", "text ' It is blue.'", "check It is blue.", "verdicts It is blue.", "end stop"],
         [("It is blue.", "unfaithful/unfaithful residual:not_corrected")],
         {"max_retries": 3},
     ),
     Case(
         "reasoning-without-a-call-trailing-raw-dropped-extras-passed",
         [
-            delta("So A.\n", REASONING, "reasoning"),
             r("So A.", REASONING),
-            TrailingRaw(REASONING, "\n"),
-            ExtraDelta({"tool_calls": []}),
+            delta("\n", REASONING),
+            Extras({"tool_calls": []}),
             end(),
         ],
-        ["start", "text[reasoning] 'So A.\\n'", "verdicts So A.", "extra {'tool_calls': []}", "end stop"],
+        [
+            "start",
+            "text[reasoning] ' So A.'",
+            "verdicts So A.",
+            "text[reasoning] '\\n'",
+            "extra {'tool_calls': []}",
+            "end stop",
+        ],
         [("So A.", "none/none")],
     ),
     Case(
         "the-gate-settles-a-reasoning-batch-without-a-call-even-for-a-detector-that-types-steps",
-        [delta(" So A."), r("So A."), p("It is red."), end(), verdicts("F")],
-        ["start", "text ' So A.'", "verdicts So A.", "check It is red.", "verdicts It is red.", "end stop"],
+        [r("So A."), p("It is red."), end(), verdicts("F")],
+        [
+            "start",
+            "text ' So A.'",
+            "verdicts So A.",
+            "text ' It is red.'",
+            "check It is red.",
+            "verdicts It is red.",
+            "end stop",
+        ],
         [("So A.", "none/none unchecked:gated"), ("It is red.", "faithful/faithful")],
         {"detector_types_steps": True, "gate_without_perception": True},
     ),
@@ -811,7 +881,7 @@ def test_detect_mode(case: Case) -> None:
         pytest.param([(p("It is blue."),), end(completion_tokens=30), verdicts("U")], 30, "max=70", id="ended-late"),
         # aborted: one token per text delta read, counted once
         pytest.param(
-            [(delta(" It"), delta(" is"), delta(" blue."), p("It is blue."), delta(" More")), verdicts("U")],
+            [(*pieces(" It", " is", " blue.", kind=P), delta(" More")), verdicts("U")],
             4,
             "max=96",
             id="aborted",
@@ -821,7 +891,7 @@ def test_detect_mode(case: Case) -> None:
 def test_a_rounds_tokens_are_counted_once(script: list[Any], completion_tokens: int, continuation: str) -> None:
     played = play([*script, rewrite("It is red."), verdicts("F")], completion_budget=100)
     assert played.lines[-1] == f"continue content=' It is red.' {continuation}"
-    assert played.core.ctx.usage.completion_tokens == completion_tokens
+    assert played.core.result().usage["completion_tokens"] == completion_tokens
     assert played.core.budget.used == completion_tokens
 
 
@@ -844,15 +914,38 @@ def test_usage_rounds_and_regenerations_add_up_over_the_request() -> None:
             (r("So A."), end(completion_tokens=3)),
         ]
     )
-    core = played.core
+    result = played.core.result()
     assert played.lines[-1] == "end stop"
-    assert (core.stats.rounds, core.stats.regenerations, core.stats.upstream_id) == (2, 2, "upstream-1")
-    assert core.ctx.usage.as_dict() == {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
-    assert core.ctx.accepted == core.steps
+    assert (result.rounds, result.regenerations, result.upstream_id) == (2, 2, "upstream-1")
+    assert dict(result.usage) == {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+    assert result.steps == played.core.steps
+
+
+def test_checks_and_rewrites_add_their_generator_tokens_to_the_usage() -> None:
+    played = play(
+        [
+            (p("It is blue."), end(completion_tokens=7)),
+            Checked([Verdict(Faithfulness.UNFAITHFUL, "d")], usage=Usage(3, 1)),
+            Regenerated("It is red.", usage=Usage(20, 4)),
+            verdicts("F"),
+            (r("So A."), end(completion_tokens=3)),
+        ]
+    )
+    assert dict(played.core.result().usage) == {"prompt_tokens": 33, "completion_tokens": 15, "total_tokens": 48}
+
+
+def test_a_check_is_given_the_steps_accepted_before_it() -> None:
+    """The detector's context is what the client received before the batch, never the batch itself."""
+    played = play(CORRECT[0].script, **CORRECT[0].rules)
+    assert [[s.text for s in c.accepted] for c in played.checks] == [
+        [],  # One circle. | It is blue.
+        ["One circle."],  # the rewrite of It is blue.
+        ["One circle.", "It is blue."],  # the read-ahead after the kept step
+    ]
 
 
 def test_the_regeneration_prefix_is_the_accepted_text() -> None:
-    core = CorrectionCore(Rules("correct", "d"), context())
+    core = CorrectionCore(rules())
     assert isinstance(core.next_action(), StartRound)
     for item in (p("One circle."), p("It is blue.")):
         core.receive(item)
@@ -873,7 +966,7 @@ def test_items_of_a_dropped_round_are_ignored() -> None:
 
 
 def test_results_nobody_asked_for_are_refused() -> None:
-    core = CorrectionCore(Rules("correct", "d"), context())
+    core = CorrectionCore(rules())
     with pytest.raises(RuntimeError):
         core.receive(verdicts("F"))
     with pytest.raises(RuntimeError):
@@ -906,3 +999,38 @@ def test_a_rewrite_that_could_not_be_checked_keeps_the_reason() -> None:
     assert "tried #1 fixed" in played.lines
     (step,) = played.core.steps
     assert outcome(step) == "unfaithful/unknown fixed@1 residual:unchecked unchecked:budget"
+
+
+# ---- the sequential rule -----------------------------------------------------------------------
+
+
+def test_the_sequential_rule_stops_the_model_after_each_checked_step() -> None:
+    """The pipelining benchmark's baseline: one step per check, and each checked step stops the model and
+    continues in a new round, whatever was read ahead (the real segmenter: "Two." is not yet whole)."""
+    played = play(
+        [
+            (Delta("content", " One. Two. Thr"),),
+            verdicts("F"),
+            (Delta("content", " Two."), RoundEnd("stop", {"completion_tokens": 2})),
+            verdicts("F"),
+        ],
+        max_batch_steps=16,
+        sequential=True,
+        segmenter=StepSegmenter,
+        typer=lambda _: P,
+    )
+    lines, core = played.lines, played.core
+    assert lines == [
+        "start",
+        "check One.",  # one step per check, though "Two." was read ahead
+        "step One.",
+        "drop",
+        "continue content=' One.'",
+        "check Two.",
+        "step Two.",  # the model had finished: nothing to stop
+        "end stop",
+    ]
+    result = core.result()
+    assert result.rounds == 2
+    assert result.usage["completion_tokens"] == 1 + 2  # the stopped round's one delta, then vLLM's count
+    assert [s.index for s in result.steps] == [0, 1]

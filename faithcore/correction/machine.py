@@ -1,11 +1,9 @@
-"""The correction core: the paper's Algorithm 2 as a synchronous state machine, with no I/O inside.
+"""The correction machine: one request's chain, from upstream deltas to settled steps.
 
 Like h11, it is told what happened and says what to do; it never waits, reads a socket or counts a
-metric. `receive(event)` takes what arrived: a reader item of the current round (Step, TextDelta,
-ExtraDelta, TrailingRaw, RoundEnd, RoundFailed) or the result of an action (Checked, Regenerated).
-`next_action()` returns what to do now, one action at a time: an Emit* for the client, Check a batch,
-Regenerate a step, StartRound / DropRound an upstream stream, Tried (a regeneration try's outcome, to
-count), Fail, or WAIT when it needs the next event. server/session.py performs the actions.
+metric. `receive(event)` takes upstream data of the current round (events.py) or the result of an action;
+`next_action()` returns what to do now (actions.py), or WAIT when it needs the next event. Its phase
+(phase.py) says what is in flight; the transition table refuses a result nobody asked for.
 
 correct mode, per round:
   every step read so far (at most max_batch_steps) is checked as one batch while the round reads on;
@@ -16,167 +14,57 @@ correct mode, per round:
   after it: the dropped round's read-ahead continued exactly that prefix, so what it read (whole steps)
   is checked and delivered as if the round had never stopped, and the new round starts after it (or
   none starts, when the round had ended). A rewrite makes the read-ahead stale: it goes. Steps before
-  an upstream failure are still delivered; the failure comes after them.
+  an upstream failure are still delivered; the failure comes after them. With `Rules.sequential` the
+  round is also stopped after every checked step (the pipelining benchmark's baseline).
 detect mode:
   text is emitted as it arrives, steps are checked in batches one call at a time, and their verdicts
   follow in EmitVerdicts; nothing is rewritten, an unfaithful step is residual (not corrected).
 
-The core owns each step's outcome (verdict, residual and its reason, unchecked and its reason), the
-regeneration budget of the request, and the completion-token budget across rounds. A step leaves the
-core in an EmitText (correct mode) or an EmitVerdicts (detect mode) with its outcome final: that is
-when the driver counts it.
+The machine owns each step's outcome (verdict, residual and its reason, unchecked and its reason), its
+number, the regeneration budget of the request and the completion-token budget across rounds. A step
+leaves it in an EmitText (correct mode) or an EmitVerdicts (detect mode) with its outcome final: that is
+when the driver counts it. `result()` is the immutable record of the chain.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import MappingProxyType
 
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import Usage
+from faithproxy.faithcore.correction.actions import (
+    WAIT,
+    Action,
+    Check,
+    DropRound,
+    EmitEnd,
+    EmitExtra,
+    EmitText,
+    EmitVerdicts,
+    Fail,
+    Regenerate,
+    StartRound,
+    Tried,
+)
+from faithproxy.faithcore.correction.events import (
+    Checked,
+    Delta,
+    Event,
+    Extras,
+    Regenerated,
+    RoundEnd,
+    RoundFailed,
+)
+from faithproxy.faithcore.correction.phase import Phase, Trigger, advance
+from faithproxy.faithcore.correction.result import ChainResult
+from faithproxy.faithcore.correction.rounds import RoundParser, TrailingRaw
+from faithproxy.faithcore.correction.rules import Rules
 from faithproxy.faithcore.errors import DetectorError
-from faithproxy.faithcore.reasoning_formats import FORMATS, Continuation, ReasoningFormat
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
-from faithproxy.server.reader import ExtraDelta, Item, RoundEnd, RoundFailed, TextDelta, TrailingRaw
 
-# ---- what the core hands out -------------------------------------------------------------------
-
-
-@dataclass
-class EmitText:
-    """Text for the client: a whole verified step (correct mode) or a raw delta (detect mode)."""
-
-    channel: Channel
-    field: str
-    text: str
-    step: Step | None = None  # the step this text completes, for its annotation
-
-
-@dataclass
-class EmitExtra:
-    delta: dict[str, Any]
-
-
-@dataclass
-class EmitVerdicts:
-    """detect mode: verdicts for steps whose text was already sent."""
-
-    steps: list[Step]
-
-
-@dataclass
-class EmitEnd:
-    finish_reason: str | None
-
-
-Emit = EmitText | EmitExtra | EmitVerdicts | EmitEnd
-
-
-@dataclass
-class StartRound:
-    """Open an upstream stream. `accepted` is None for the first round; for a continuation it is the
-    accepted raw text per channel, `continuation` the partial assistant message the reasoning format
-    makes of it and whether the round starts after the think block, and `max_tokens` what is left of the
-    client's completion budget (None: the client set none)."""
-
-    accepted: dict[Channel, str] | None = None
-    max_tokens: int | None = None
-    continuation: Continuation | None = None
-
-
-@dataclass
-class DropRound:
-    """Close the current upstream stream (vLLM aborts the generation); what it read ahead is gone."""
-
-
-@dataclass
-class Check:
-    """Send `steps` to the detector (one call). `candidate`: a regenerated step being re-checked."""
-
-    steps: list[Step]
-    candidate: bool = False
-
-
-@dataclass
-class Regenerate:
-    step: Step
-    prefix: list[str]  # the accepted steps' text
-    attempt: int  # from 1
-
-
-@dataclass
-class Tried:
-    """A regeneration try ended: fixed | still_unfaithful | unparseable | error."""
-
-    step: Step
-    attempt: int
-    outcome: str
-
-
-@dataclass
-class Fail:
-    """The request fails with `error` (after whatever was emitted before)."""
-
-    error: BaseException
-
-
-class _Wait:
-    def __repr__(self) -> str:
-        return "WAIT"
-
-
-WAIT = _Wait()  # nothing to do until the next event is received
-
-Action = Emit | StartRound | DropRound | Check | Regenerate | Tried | Fail | _Wait
-
-# ---- what the core is told ---------------------------------------------------------------------
-
-
-@dataclass
-class Checked:
-    """The detector's answer to the last Check: one verdict per step, or the error of the call."""
-
-    verdicts: list[Verdict] | None = None
-    error: BaseException | None = None
-
-
-@dataclass
-class Regenerated:
-    """The regenerator's answer to the last Regenerate: a candidate, None (nothing usable), or an error."""
-
-    candidate: str | None = None
-    error: BaseException | None = None
-
-
-Event = Item | Checked | Regenerated
-
-# ---- the rules of one request ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rules:
-    mode: Literal["correct", "detect"]
-    detector: str  # its name, for the verdicts the core writes itself (never compared)
-    max_retries: int = 3  # K
-    max_regenerations: int = 16  # regeneration tries one request may spend
-    max_batch_steps: int = 16
-    on_detector_error: Literal["pass", "fail"] = "pass"
-    detector_checks: bool = True  # Detector.checks: False for `none`, whose UNKNOWN is no error
-    detector_types_steps: bool = False  # Detector.types_steps: it gets batches without perception steps
-    # The judge gate (Settings.judge_every_step off): a batch in which the step typer found no perception
-    # step goes to no detector, not even one that types steps itself; its steps leave unchecked, `gated`.
-    gate_without_perception: bool = False
-    completion_budget: int | None = None  # the client's max_tokens / max_completion_tokens
-    # Where the model writes its thinking and how its template renders a partial message (continuations).
-    reasoning_format: ReasoningFormat = FORMATS["think"]
-
-
-@dataclass
-class SessionStats:
-    verification_s: float = 0.0  # written by the driver: time the client waited on checks and rewrites
-    regenerations: int = 0  # regeneration tries over the whole request
-    rounds: int = 0
-    upstream_id: str | None = None
+# What a round holds in line for its batches: steps, the raw text between them, extras, in order.
+Item = Step | TrailingRaw | Extras
 
 
 @dataclass
@@ -210,34 +98,24 @@ class _Fix:
 
 
 class CorrectionCore:
-    """The state of one request's chain; see the module docstring.
+    """The state of one request's chain; see the module docstring."""
 
-    `steps`, `stats` and `field_names` may be handed in so that the session shares them: the core fills
-    them in. `ctx.accepted` gets every step the detector may treat as context, `ctx.usage` every round's
-    tokens.
-    """
-
-    def __init__(
-        self,
-        rules: Rules,
-        ctx: ChainContext,
-        *,
-        steps: list[Step] | None = None,
-        stats: SessionStats | None = None,
-        field_names: dict[Channel, str] | None = None,
-    ) -> None:
+    def __init__(self, rules: Rules) -> None:
         self.rules = rules
-        self.ctx = ctx
-        self.steps = [] if steps is None else steps  # every step emitted, in order
-        self.stats = SessionStats() if stats is None else stats
-        self.field_names = {} if field_names is None else field_names  # the delta field of each channel
+        self.phase = Phase.READING
         self.budget = CompletionBudget(rules.completion_budget)
-        self._batch_limit = max(1, rules.max_batch_steps)  # a batch holds at least the step at its head
+        self._detect = rules.mode == "detect"
+        self._steps: list[Step] = []  # every step emitted, in order
+        self._accepted: list[Step] = []  # the steps a detector may treat as context
+        self._usage = Usage()
+        self._regenerations = 0  # regeneration tries over the whole request
+        self._rounds = 0
+        self._upstream_id: str | None = None
+        self._field_names: dict[Channel, str] = {}  # the delta field of each channel
         self._out: deque[Action] = deque()
-        self._over = False
         self._accepted_raw = {Channel.REASONING: "", Channel.CONTENT: ""}
-        # the round being read
-        self._open = False
+        # the round being read; its parser is None while no upstream stream is open
+        self._parser: RoundParser | None = None
         self._pending: deque[Item] = deque()  # correct mode: items waiting for their batch
         self._to_check: list[Step] = []  # detect mode: steps sent, not yet checked
         self._end: RoundEnd | None = None
@@ -253,49 +131,94 @@ class CorrectionCore:
 
     def next_action(self) -> Action:
         if not self._out:
-            if self._over:
+            if self.phase is Phase.OVER:
                 raise RuntimeError("the chain is over: nothing more to do")
-            self._decide()
+            if self.phase is Phase.READING:
+                self._decide()
         return self._out.popleft() if self._out else WAIT
 
-    def receive(self, event: Event) -> None:
-        if self._over:
-            return  # a late result after a failure: nothing depends on it any more
+    def receive(self, event: Event) -> bool:
+        """Takes `event`; True when it may have given the driver something to do (a step completed, the
+        round ended, a result came back), False for what only waits for more (most text deltas)."""
+        if self.phase is Phase.OVER:
+            return False  # a late result after a failure: nothing depends on it any more
+        if type(event) is Delta:
+            return self._on_delta(event)
         if isinstance(event, Checked):
             self._on_checked(event)
         elif isinstance(event, Regenerated):
             self._on_regenerated(event)
-        elif self._open:
+        elif self._parser is None:
+            return False  # an event of a dropped round, read before the drop took effect
+        elif isinstance(event, RoundEnd):
+            self._on_round_end(event)
+        elif isinstance(event, RoundFailed):
+            self._on_round_failed(event)
+        else:
             self._on_item(event)
-        # else: an item of a dropped round, read before the drop took effect
+        return True
 
-    # ---- reader items -----------------------------------------------------------------------
+    @property
+    def round(self) -> int:
+        """The number of the current round (from 1): a driver feeds a round's events only while it is."""
+        return self._rounds
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The steps the client has received so far, in order."""
+        return tuple(self._steps)
+
+    def result(self) -> ChainResult:
+        return ChainResult(
+            steps=tuple(self._steps),
+            usage=MappingProxyType(self._usage.as_dict()),
+            regenerations=self._regenerations,
+            rounds=self._rounds,
+            upstream_id=self._upstream_id,
+            field_names=MappingProxyType(dict(self._field_names)),
+        )
+
+    # ---- upstream data ----------------------------------------------------------------------
+
+    def _on_delta(self, delta: Delta) -> bool:
+        parser = self._parser
+        mapped = parser.channel_of(delta.field) if parser is not None else None
+        if mapped is None:
+            return False  # a dropped round's, or a field that carries no text
+        assert parser is not None
+        field, channel = mapped
+        self._deltas += 1
+        self._field_names.setdefault(channel, field)
+        if self._detect:
+            self._out.append(EmitText(channel, field, delta.text))
+        items = parser.feed(channel, delta.text)
+        for item in items:
+            self._on_item(item)
+        return self._detect or bool(items)
 
     def _on_item(self, item: Item) -> None:
-        detect = self.rules.mode == "detect"
-        if isinstance(item, RoundEnd):
-            self._end = item
-            if item.first_chunk and self.stats.upstream_id is None:
-                self.stats.upstream_id = item.first_chunk.get("id")
-            self._tally_round()
-        elif isinstance(item, RoundFailed):
-            self._failure = item
-            if detect:
-                self._fail(item.error)  # the text already went out: nothing left to deliver first
-        elif isinstance(item, TextDelta):
-            self._deltas += 1
-            self.field_names.setdefault(item.channel, item.field)
-            if detect:
-                self._out.append(EmitText(item.channel, item.field, item.text))
-        elif detect and isinstance(item, Step):
-            item.index = len(self.steps)
-            self.steps.append(item)
+        if not self._detect:
+            self._pending.append(item)  # steps, trailing raw and extras, in order
+        elif isinstance(item, Step):
+            self._number(item)
             self._to_check.append(item)
-        elif detect and isinstance(item, ExtraDelta):
+        elif isinstance(item, Extras):
             self._out.append(EmitExtra(item.delta))
-        elif not detect:
-            self._pending.append(item)  # steps, trailing raw and extras, in order (deltas are not sent)
-        # detect mode drops TrailingRaw: its text went out as TextDelta
+        # detect mode drops TrailingRaw: its text went out with its delta
+
+    def _on_round_end(self, end: RoundEnd) -> None:
+        assert self._parser is not None
+        for item in self._parser.end():
+            self._on_item(item)
+        self._end = end
+        if end.upstream_id and self._upstream_id is None:
+            self._upstream_id = end.upstream_id
+        self._tally_round()
+
+    def _on_round_failed(self, failure: RoundFailed) -> None:
+        self._failure = failure
+        if self._detect:
+            self._fail(failure.error)  # the text already went out: nothing left to deliver first
 
     def _tally_round(self) -> None:
         """Adds the round's completion tokens to the request's usage and budget, once: vLLM's count when
@@ -305,23 +228,21 @@ class CorrectionCore:
             return
         self._tallied = True
         if self._end is not None:
-            self.ctx.usage.add(self._end.usage)
+            self._usage.add(self._end.usage)
             self.budget.used += int((self._end.usage or {}).get("completion_tokens") or 0)
         else:
-            self.ctx.usage.completion_tokens += self._deltas
+            self._usage.completion_tokens += self._deltas
             self.budget.used += self._deltas
 
-    # ---- decisions --------------------------------------------------------------------------
+    # ---- decisions (READING only) -----------------------------------------------------------
 
     def _decide(self) -> None:
-        if self._batch is not None or self._fix is not None:
-            return  # a result is awaited
-        if self.rules.mode == "detect":
+        if self._detect:
             self._decide_detect()
             return
-        while self._pending and self._batch is None and not self._over:
+        while self._pending and self.phase is Phase.READING:
             self._take_batch()
-        if self._pending or self._batch is not None or self._out:
+        if self._pending or self._out or self.phase is not Phase.READING:
             return
         if self._failure is not None:
             self._fail(self._failure.error)
@@ -329,20 +250,19 @@ class CorrectionCore:
             self._finish(self._end.finish_reason)
 
     def _take_batch(self) -> None:
-        """The next items up to max_batch_steps steps (with the non-step items between and after them):
+        """The next items up to the batch limit of steps (with the non-step items between and after them):
         checked in one call when there is something to check, emitted at once otherwise."""
         batch: list[Item] = []
         steps = 0
         while self._pending:
             if isinstance(self._pending[0], Step):
-                if steps == self._batch_limit:
+                if steps == self.rules.batch_limit:
                     break
                 steps += 1
             batch.append(self._pending.popleft())
         new_steps = [i for i in batch if isinstance(i, Step)]
         if self._worth_checking(new_steps):
-            self._batch = batch
-            self._out.append(Check(new_steps))
+            self._ask_check(batch, new_steps)
         else:
             self._emit_batch(batch)
 
@@ -362,31 +282,38 @@ class CorrectionCore:
             return False
         return True
 
+    def _ask_check(self, batch: list[Item], steps: list[Step]) -> None:
+        self.phase = advance(self.phase, Trigger.CHECK)
+        self._batch = batch
+        self._out.append(Check(steps, accepted=tuple(self._accepted)))
+
     def _decide_detect(self) -> None:
-        while self._to_check and self._batch is None:
-            limit = self._batch_limit
+        limit = self.rules.batch_limit
+        while self._to_check and self.phase is Phase.READING:
             batch, self._to_check = self._to_check[:limit], self._to_check[limit:]
             if self._worth_checking(batch):
-                self._batch = list(batch)
-                self._out.append(Check(batch))
+                self._ask_check(list(batch), batch)
             else:
                 self._settle_verdicts(batch)
-        if self._end is not None and self._batch is None and not self._to_check and not self._out:
+        if self._end is not None and self.phase is Phase.READING and not self._to_check and not self._out:
             self._finish(self._end.finish_reason)
 
     # ---- verdicts ---------------------------------------------------------------------------
 
     def _on_checked(self, checked: Checked) -> None:
-        if self._fix is not None and self._fix.candidate is not None:
+        if checked.usage is not None:
+            self._usage.add(checked.usage.as_dict())
+        if self.phase is Phase.RECHECKING:
             self._on_candidate_checked(checked)
             return
-        if self._batch is None:
-            raise RuntimeError("a check result arrived, but no check was asked for")
+        self.phase = advance(self.phase, Trigger.CHECKED)  # RuntimeError when no check was asked for
         batch, self._batch = self._batch, None
+        assert batch is not None
         steps = [i for i in batch if isinstance(i, Step)]
+        _keep_features(steps, checked.features)
         if not self._apply(steps, checked):
             return
-        if self.rules.mode == "detect":
+        if self._detect:
             self._settle_verdicts(steps)
         else:
             self._emit_batch(batch)
@@ -424,8 +351,8 @@ class CorrectionCore:
             if _flagged(step):
                 _residual(step, "not_corrected")
             self._settle(step)
-        self.ctx.accepted.extend(steps)
-        self._out.append(EmitVerdicts(list(steps)))
+        self._accepted.extend(steps)
+        self._out.append(EmitVerdicts(tuple(steps)))
 
     def _emit_batch(self, batch: list[Item]) -> None:
         """correct mode: emits a checked batch in order, up to its first unfaithful step if that one is
@@ -433,33 +360,34 @@ class CorrectionCore:
         for pos, item in enumerate(batch):
             if isinstance(item, Step) and _flagged(item):
                 if self._may_regenerate():
-                    read_ahead = _ReadAhead([*batch[pos + 1 :], *self._pending], self._end)
-                    self._drop_round()
-                    self._fix = _Fix(item, prefix=[s.text for s in self.steps], read_ahead=read_ahead)
-                    self._next_try()
+                    self._start_fix(item, _ReadAhead([*batch[pos + 1 :], *self._pending], self._end))
                     return
                 _residual(item, "not_corrected")
-            if isinstance(item, Step):
-                self._accept(item)
-            elif isinstance(item, TrailingRaw):
-                self._accepted_raw[item.channel] += item.raw
-                self._out.append(EmitText(item.channel, self._field(item.channel), item.raw))
-            elif isinstance(item, ExtraDelta):
-                self._out.append(EmitExtra(item.delta))
-        if any(isinstance(i, Step) for i in batch):
-            self._after_batch()
+            self._emit_item(item)
+        if self.rules.sequential and self._end is None and any(isinstance(i, Step) for i in batch):
+            self._drop_round()  # the model is still decoding: stop it, and continue in a new round
+            self._continue()
 
-    def _after_batch(self) -> None:
-        """Called once a batch with steps has been emitted whole. The pipelined loop reads on; the
-        benchmark's strictly sequential variant overrides this to continue in a new round instead."""
+    def _emit_item(self, item: Item) -> None:
+        if isinstance(item, Step):
+            self._accept(item)
+        elif isinstance(item, TrailingRaw):
+            self._accepted_raw[item.channel] += item.raw
+            self._out.append(EmitText(item.channel, self._field(item.channel), item.raw))
+        else:
+            self._out.append(EmitExtra(item.delta))
 
     def _accept(self, step: Step) -> None:
         self._settle(step)
         self._accepted_raw[step.channel] += step.raw
-        step.index = len(self.steps)
-        self.steps.append(step)
-        self.ctx.accepted.append(step)
+        self._number(step)
+        self._accepted.append(step)
         self._out.append(EmitText(step.channel, self._field(step.channel), step.raw, step))
+
+    def _number(self, step: Step) -> None:
+        """A step's number is its place among the steps the client received: given once, here."""
+        step.index = len(self._steps)
+        self._steps.append(step)
 
     def _settle(self, step: Step) -> None:
         """A perception step that got no verdict leaves unchecked and residual: a step nobody checked is
@@ -476,41 +404,47 @@ class CorrectionCore:
         return "detector_error" if self.rules.detector_checks else "detector_none"
 
     def _field(self, channel: Channel) -> str:
-        return self.field_names.get(channel) or ("content" if channel is Channel.CONTENT else "reasoning")
+        return self._field_names.get(channel) or ("content" if channel is Channel.CONTENT else "reasoning")
 
     # ---- regeneration -----------------------------------------------------------------------
 
     def _may_regenerate(self) -> bool:
-        return (
-            self.rules.mode == "correct"
-            and self.rules.max_retries > 0
-            and self.stats.regenerations < self.rules.max_regenerations
-        )
+        rules = self.rules
+        return rules.mode == "correct" and rules.max_retries > 0 and self._regenerations < rules.max_regenerations
+
+    def _start_fix(self, step: Step, read_ahead: _ReadAhead) -> None:
+        self._drop_round()
+        self._fix = _Fix(step, prefix=[s.text for s in self._steps], read_ahead=read_ahead)
+        self._next_try()
 
     def _next_try(self) -> None:
         fix = self._fix
         assert fix is not None
         fix.candidate = None
-        if fix.attempt >= self.rules.max_retries or self.stats.regenerations >= self.rules.max_regenerations:
+        if fix.attempt >= self.rules.max_retries or self._regenerations >= self.rules.max_regenerations:
             _residual(fix.step, "regeneration_failed")  # the ORIGINAL text stays
             self._fixed()
             return
+        self.phase = advance(self.phase, Trigger.REGENERATE)
         fix.attempt += 1
         fix.step.attempts = fix.attempt
-        self.stats.regenerations += 1
-        self._out.append(Regenerate(fix.step, fix.prefix, fix.attempt))
+        self._regenerations += 1
+        self._out.append(Regenerate(fix.step, fix.prefix, fix.attempt, accepted=tuple(self._accepted)))
 
     def _on_regenerated(self, result: Regenerated) -> None:
         fix = self._fix
-        if fix is None or fix.candidate is not None:
+        if fix is None or self.phase is not Phase.REGENERATING:
             raise RuntimeError("a regeneration result arrived, but no regeneration was asked for")
+        if result.usage is not None:
+            self._usage.add(result.usage.as_dict())
         if result.error is not None or result.candidate is None:
             self._out.append(Tried(fix.step, fix.attempt, "error" if result.error is not None else "unparseable"))
             self._next_try()
             return
+        self.phase = advance(self.phase, Trigger.REGENERATED)
         fix.candidate = text = result.candidate
         trial = Step(index=fix.step.index, text=text, raw=text, channel=fix.step.channel, kind=fix.step.kind)
-        self._out.append(Check([trial], candidate=True))
+        self._out.append(Check([trial], candidate=True, accepted=tuple(self._accepted)))
 
     def _on_candidate_checked(self, checked: Checked) -> None:
         fix = self._fix
@@ -530,20 +464,24 @@ class CorrectionCore:
         step.raw = _leading(step.raw, step.text) + candidate
         step.text = candidate
         if verdict is None or verdict.faithfulness is Faithfulness.UNKNOWN:
-            # the rewrite went out unchecked: residual, like any perception step without a verdict
-            step.verdict = verdict or Verdict(Faithfulness.UNKNOWN, self.rules.detector, reason=_message(checked.error))
-            step.unchecked_reason = "detector_error" if checked.error is not None else self._unknown_reason()
-            if verdict is not None and verdict.unchecked:
-                step.unchecked_reason = verdict.unchecked
-            _residual(step, "unchecked")
+            self._rewrite_unchecked(step, verdict, checked.error)
         else:
             step.verdict = verdict
         self._fixed()
+
+    def _rewrite_unchecked(self, step: Step, verdict: Verdict | None, error: BaseException | None) -> None:
+        """The rewrite went out unchecked: residual, like any perception step without a verdict."""
+        step.verdict = verdict or Verdict(Faithfulness.UNKNOWN, self.rules.detector, reason=_message(error))
+        step.unchecked_reason = "detector_error" if error is not None else self._unknown_reason()
+        if verdict is not None and verdict.unchecked:
+            step.unchecked_reason = verdict.unchecked
+        _residual(step, "unchecked")
 
     def _fixed(self) -> None:
         """The step under regeneration is settled (rewritten or kept): emit it, continue after it."""
         fix, self._fix = self._fix, None
         assert fix is not None
+        self.phase = advance(self.phase, Trigger.SETTLED)
         self._accept(fix.step)
         if fix.step.original_text is None and fix.read_ahead is not None and self._resume(fix.read_ahead):
             return
@@ -558,18 +496,14 @@ class CorrectionCore:
         leaves the ones after it unknown. The template's bridge (a think block it would close) goes
         after the read-ahead, as it would after any accepted text."""
         items = read_ahead.items
-        if any(isinstance(item, ExtraDelta) for item in items):
+        if any(isinstance(item, Extras) for item in items):
             return False
         raw = dict(self._accepted_raw)
         for item in items:
             assert isinstance(item, Step | TrailingRaw)
             raw[item.channel] += item.raw
             if isinstance(item, Step):
-                item.verdict = item.first_verdict = None
-                item.unchecked_reason = None
-                # its detector typing went with the discarded verdict: the judge gate and the next
-                # detector see the step as the typer read it (one retyped as reasoning was gated here)
-                item.kind, item.typed_kind = item.typed_kind or item.kind, None
+                _forget_verdict(item)
         self._pending.extend(items)
         if read_ahead.end is not None:  # the round had ended: what it read is the rest of the chain
             self._end = read_ahead.end
@@ -604,24 +538,29 @@ class CorrectionCore:
         self._start_round(StartRound(dict(self._accepted_raw), remaining, continuation))
 
     def _start_round(self, start: StartRound | None) -> None:
-        self.stats.rounds += 1
-        self._open, self._end, self._failure, self._deltas, self._tallied = True, None, None, 0, False
+        self._rounds += 1
+        in_answer = start is not None and start.continuation is not None and start.continuation.in_answer
+        rules = self.rules
+        self._parser = RoundParser(
+            lambda: rules.segmenter(tags=rules.reasoning_format.tags), rules.typer, in_answer=in_answer
+        )
+        self._end, self._failure, self._deltas, self._tallied = None, None, 0, False
         self._out.append(start or StartRound())
 
     def _drop_round(self) -> None:
         self._tally_round()
         self._pending.clear()
         self._failure = None  # the dropped round's failure no longer matters: a new round follows
-        if self._open:  # none is when the read-ahead of an ended round was resumed (_resume)
-            self._open = False
+        if self._parser is not None:  # none is open when the read-ahead of an ended round was resumed
+            self._parser = None
             self._out.append(DropRound())
 
     def _finish(self, finish_reason: str | None) -> None:
-        self._over = True
+        self.phase = advance(self.phase, Trigger.FINISH)
         self._out.append(EmitEnd(finish_reason))
 
     def _fail(self, error: BaseException) -> None:
-        self._over = True
+        self.phase = advance(self.phase, Trigger.FINISH)
         self._out.append(Fail(error))
 
 
@@ -632,6 +571,24 @@ def _flagged(step: Step) -> bool:
 def _residual(step: Step, reason: str) -> None:
     step.residual = True
     step.residual_reason = reason
+
+
+def _forget_verdict(step: Step) -> None:
+    """A read-ahead step goes back in line to be checked again: its verdict came with the batch that
+    flagged the step before it, and its detector typing went with that verdict, so the judge gate and the
+    next detector see the step as the typer read it (one retyped as reasoning was gated here)."""
+    step.verdict = step.first_verdict = None
+    step.unchecked_reason = None
+    step.kind, step.typed_kind = step.typed_kind or step.kind, None
+
+
+def _keep_features(steps: list[Step], features: tuple[object, ...] | None) -> None:
+    """Hidden-state features read beside a check belong to the steps' original text (traces keep them)."""
+    if features is None:
+        return
+    for step, feature in zip(steps, features, strict=False):
+        if feature is not None and step.features is None:
+            step.features = feature
 
 
 def _leading(raw: str, text: str) -> str:

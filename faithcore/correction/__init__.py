@@ -1,0 +1,70 @@
+"""The correction machine: the paper's Algorithm 2 as a sans-IO state machine (like h11).
+
+A door's driver feeds it upstream data (`Delta`, `Extras`, `RoundEnd`, `RoundFailed`: text and the field
+it came in, nothing parsed) and the results of what it asked for (`Checked`, `Regenerated`); it answers
+with one action at a time (`next_action`). It segments, types and numbers steps itself, decides every
+step's outcome and keeps the request's usage; it imports no I/O and writes into nothing it was given.
+
+    events.py   what the machine is told        actions.py  what it asks for
+    rounds.py   one upstream round: deltas → steps (segmenter, step typer)
+    phase.py    the explicit phase and its transition table
+    rules.py    the rules of one request        machine.py  the machine itself
+    result.py   the immutable record of a finished (or failed) chain
+    wire.py     an OpenAI chat-completions chunk as events (one wire format; other doors add theirs)
+"""
+
+from faithproxy.faithcore.correction.actions import (
+    WAIT,
+    Action,
+    Check,
+    DropRound,
+    Emit,
+    EmitEnd,
+    EmitExtra,
+    EmitText,
+    EmitVerdicts,
+    Fail,
+    Regenerate,
+    StartRound,
+    Tried,
+)
+from faithproxy.faithcore.correction.events import (
+    Checked,
+    Delta,
+    Event,
+    Extras,
+    Regenerated,
+    RoundEnd,
+    RoundFailed,
+)
+from faithproxy.faithcore.correction.machine import CorrectionCore
+from faithproxy.faithcore.correction.phase import Phase
+from faithproxy.faithcore.correction.result import ChainResult
+from faithproxy.faithcore.correction.rules import Rules
+
+__all__ = [
+    "WAIT",
+    "Action",
+    "ChainResult",
+    "Check",
+    "Checked",
+    "CorrectionCore",
+    "Delta",
+    "DropRound",
+    "Emit",
+    "EmitEnd",
+    "EmitExtra",
+    "EmitText",
+    "EmitVerdicts",
+    "Event",
+    "Extras",
+    "Fail",
+    "Phase",
+    "Regenerate",
+    "Regenerated",
+    "RoundEnd",
+    "RoundFailed",
+    "Rules",
+    "StartRound",
+    "Tried",
+]
