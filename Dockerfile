@@ -3,6 +3,10 @@
 # setuptools and wheel, so no build tool is left; it runs as an unprivileged user.
 #
 #   docker build --build-arg VERSION=0.1.0 -t faithproxy:0.1.0 .
+#   docker build --build-arg EXTRAS=probe ...   (the probe and cascade detectors: numpy, safetensors)
+#
+# EXTRAS (default none) picks extras of pyproject.toml: the image is the proxy, so only `probe` fits it;
+# bench and train are the offline tools and stay out.
 #
 # Environment (all settings are FAITHPROXY_* variables; README "Settings" has the full table):
 #   FAITHPROXY_UPSTREAM_URL       vLLM's base URL (default here: http://vllm:8000)
@@ -12,6 +16,7 @@
 #   FAITHPROXY_TRACE_PATH         JSON-lines traces; /var/log/faithproxy is writable by the app user
 #   FAITHPROXY_HOST, FAITHPROXY_PORT   listen address (here 0.0.0.0:8080)
 FROM python:3.11-slim AS build
+ARG EXTRAS=""
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY faithproxy faithproxy
@@ -23,7 +28,8 @@ COPY clients clients
 COPY benchmarks benchmarks
 COPY tinyvlm tinyvlm
 COPY shapesworld shapesworld
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# ".[]" is not a valid requirement: no extras means the plain "." (the server's dependencies only).
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".${EXTRAS:+[$EXTRAS]}"
 
 FROM python:3.11-slim
 ARG VERSION=0.1.0

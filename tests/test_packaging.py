@@ -65,8 +65,21 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
     tops = {name.split("/")[0] for name in names}
     assert tops == {"faithproxy", next(t for t in tops if t.endswith(".dist-info"))}
     assert "faithproxy/server/app.py" in names and "faithproxy/benchmarks/standins/judge_server.py" in names
+    assert "faithproxy/testing/__init__.py" in names, "the public fake upstream ships for users' tests"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "faithproxy = faithproxy.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_wheel_requires_the_servers_libraries_and_offers_the_rest_as_extras(wheel: Path) -> None:
+    """`pip install faithproxy` pulls what the server imports; numpy, torch, matplotlib... only with an extra."""
+    archive = zipfile.ZipFile(wheel)
+    metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    unconditional = {r.split(";")[0].split(">")[0].split("=")[0].strip() for r in requires if "extra ==" not in r}
+    assert {"fastapi", "uvicorn", "httpx"} <= unconditional
+    assert not unconditional & {"numpy", "pillow", "matplotlib", "tqdm", "pyarrow", "torch", "transformers"}
+    extras = {line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")}
+    assert extras == {"probe", "bench", "train", "dev"}
 
 
 def test_wheel_imports_on_its_own(wheel: Path, tmp_path: Path) -> None:
