@@ -1,4 +1,4 @@
-"""The detector interface and the context every detector receives."""
+"""The detector interface: what a detector checks, returns, and declares to the server."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import abc
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.types import Step, Verdict
+from faithproxy.detectors.options import DetectorOption
+from faithproxy.faithcore.context import CheckResult, RequestView
+from faithproxy.faithcore.types import Step
 
 if TYPE_CHECKING:
     from faithproxy.detectors.registry import DetectorDeps
@@ -16,8 +17,10 @@ if TYPE_CHECKING:
 class Detector(abc.ABC):
     """Checks new steps of a chain.
 
-    `check` receives the steps completed since the last call (already typed by the heuristic typer,
-    perception and reasoning alike) and returns one verdict per step, in order. A detector that stops at
+    `check` receives the request's view and the steps completed since the last call (already typed by the
+    heuristic typer, perception and reasoning alike) and returns a `CheckResult`: one verdict per step,
+    in order, with the generator tokens it spent and the features it read. It writes nothing into the
+    view or the steps. A detector that stops at
     the first unfaithful step (the judge does) returns UNKNOWN for the steps after it: they will be
     read again after the correction. Failures raise `DetectorError`; the session applies the request's
     policy (pass and count as unchecked, or fail the request).
@@ -38,6 +41,13 @@ class Detector(abc.ABC):
     # True when its verdicts carry information (`none` passes every step unchecked: its UNKNOWN verdicts
     # are counted with reason `detector_none`, not as detector errors).
     checks: ClassVar[bool] = True
+    # Its per-request options (header, key, parser, server setting): the server's header table reads
+    # them, so a new option needs no change in server/.
+    options: ClassVar[tuple[DetectorOption, ...]] = ()
+    # The stages that may decide a step (the cascade: probe, judge), reported through
+    # DetectorDeps.on_cascade_decision: the label values of faithproxy_cascade_decisions_total{stage},
+    # created at start-up from every registered detector's declaration.
+    decision_stages: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> Detector | None:
@@ -47,10 +57,10 @@ class Detector(abc.ABC):
         return cls()
 
     @abc.abstractmethod
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         """One verdict per step of `new_steps`, in the same order."""
 
-    def validate_request(self, ctx: ChainContext) -> None:  # noqa: B027 - optional hook
+    def validate_request(self, view: RequestView) -> None:  # noqa: B027 - optional hook
         """Raise a PolicyError before anything is sent upstream if this detector cannot serve the request
         (the probe refuses a model it was not trained on)."""
 

@@ -9,7 +9,8 @@ Going through the steps in order:
   the steps the probe passed before it as "checked before" context), and its verdicts are taken as they
   are. Reasoning steps before that point pass as FAITHFUL.
 
-Thresholds come per request (ctx.options `cascade_low`, `cascade_high`), else from the settings.
+Thresholds come per request (view.options `cascade_low`, `cascade_high`, from the headers it declares),
+else from the settings (DetectorDeps). The probe's features come back in the CheckResult.
 `decisions` counts which stage decided each step; the server turns it into
 faithproxy_cascade_decisions_total{stage}.
 """
@@ -24,8 +25,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.judge import JudgeDetector
+from faithproxy.detectors.options import DetectorOption, probability
 from faithproxy.detectors.probe import ProbeDetector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 
 # The stages that decide a step: the label set of faithproxy_cascade_decisions_total{stage}.
 STAGES = ("probe", "judge")
+LOW_OPTION, HIGH_OPTION = "cascade_low", "cascade_high"  # RequestView.options keys
+_PROBABILITY = "a probability from 0 to 1"
 
 
 class CascadeDetector(Detector):
@@ -42,6 +46,18 @@ class CascadeDetector(Detector):
     description: ClassVar[str] = "probe when confident, judge otherwise"
     reads_hidden_states: ClassVar[bool] = True
     uses_judge: ClassVar[bool] = True
+    options: ClassVar[tuple[DetectorOption, ...]] = (
+        DetectorOption(
+            LOW_OPTION,
+            "x-faithproxy-cascade-low",
+            probability,
+            _PROBABILITY,
+            setting="cascade_low",
+            not_above=HIGH_OPTION,
+        ),
+        DetectorOption(HIGH_OPTION, "x-faithproxy-cascade-high", probability, _PROBABILITY, setting="cascade_high"),
+    )
+    decision_stages: ClassVar[tuple[str, ...]] = STAGES
 
     def __init__(
         self,
@@ -70,12 +86,12 @@ class CascadeDetector(Detector):
             return None
         return cls(probe, judge, low=deps.cascade_low, high=deps.cascade_high, on_decision=deps.on_cascade_decision)
 
-    def validate_request(self, ctx: ChainContext) -> None:
-        self.probe.validate_request(ctx)
+    def validate_request(self, view: RequestView) -> None:
+        self.probe.validate_request(view)
 
-    def thresholds(self, ctx: ChainContext) -> tuple[float, float]:
-        low = ctx.options.get("cascade_low", self.low)
-        high = ctx.options.get("cascade_high", self.high)
+    def thresholds(self, view: RequestView) -> tuple[float, float]:
+        low = view.options.get(LOW_OPTION, self.low)
+        high = view.options.get(HIGH_OPTION, self.high)
         return float(low), float(high)
 
     def _count(self, stage: str, steps: int) -> None:
@@ -84,12 +100,12 @@ class CascadeDetector(Detector):
             if self.on_decision is not None:
                 self.on_decision(stage, steps)
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         if not new_steps:
-            return []
+            return CheckResult(())
         started = time.perf_counter()
-        low, high = self.thresholds(ctx)
-        scores = await self.probe.scores(ctx, new_steps)
+        low, high = self.thresholds(view)
+        scores, features = await self.probe.scores(view, new_steps)
         latency = time.perf_counter() - started
         verdicts: list[Verdict] = []
         for i, (step, score) in enumerate(zip(new_steps, scores, strict=True)):
@@ -114,11 +130,11 @@ class CascadeDetector(Detector):
                     verdicts += [
                         Verdict(Faithfulness.UNKNOWN, self.name, reason="cascade:probe:not_reached") for _ in rest
                     ]
-                    return verdicts
+                    return CheckResult(tuple(verdicts), features=features)
                 continue
             # uncertain: the judge decides from here on, with the steps passed so far as context
-            judge_ctx = dataclasses.replace(ctx, accepted=[*ctx.accepted, *new_steps[:i]])
-            judged = await self.judge.check(judge_ctx, new_steps[i:])
+            result = await self.judge.check(view.with_accepted([*view.accepted, *new_steps[:i]]), new_steps[i:])
+            judged = result.verdicts
             kinds = [v.kind or s.kind for s, v in zip(new_steps[i:], judged, strict=True)]
             self._count("judge", sum(1 for kind in kinds if kind is StepKind.PERCEPTION))
             elapsed = time.perf_counter() - started
@@ -127,5 +143,5 @@ class CascadeDetector(Detector):
                 verdicts.append(
                     dataclasses.replace(verdict, detector=self.name, reason=reason, latency_s=elapsed, score=p)
                 )
-            return verdicts
-        return verdicts
+            return CheckResult(tuple(verdicts), result.usage, features)
+        return CheckResult(tuple(verdicts), features=features)

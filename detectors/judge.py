@@ -16,14 +16,15 @@ If the judge still names an accepted step (it ignored "context only"), the call 
 the new steps alone as the chain, which cannot point into the past. That second call is rare and only
 costs when the judge misbehaves; it is logged.
 
-Per request (ctx.judge_state, which lives and dies with the request): the judge's image description,
+Per request (view.judge_state, which lives and dies with the request): the judge's image description,
 asked for in the first call that has images and then part of every later prompt, never asked for again;
 the places earlier prompts cut the chain into blocks (so later prompts share their prefix, block for
 block); and the bill, every call's tokens and the calls themselves. Across requests a small LRU keyed by
 (judge name, image hashes) remembers descriptions, so a new request about an image already described
 starts with that description instead of asking for another.
 
-Budget: with `judge_budget_tokens` in ctx.options, once the request's judge tokens (fresh input, cache
+Budget: with `judge_budget_tokens` in view.options (header X-Faithproxy-Judge-Budget, at most the
+server's FAITHPROXY_JUDGE_BUDGET_TOKENS), once the request's judge tokens (fresh input, cache
 writes and output; cache reads are free here) reach it, no further call is made: the new steps come back
 UNKNOWN with `unchecked="budget"`, and the request goes on.
 """
@@ -44,7 +45,8 @@ from faithproxy.detectors.judge_prompt import (
     chain_cuts,
     parse_judge_reply,
 )
-from faithproxy.faithcore.context import ChainContext, JudgeUsage
+from faithproxy.detectors.options import DetectorOption, whole_number
+from faithproxy.faithcore.context import CheckResult, JudgeUsage, RequestView
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BUDGET_OPTION = "judge_budget_tokens"  # the ctx.options key of a request's judge budget
+BUDGET_OPTION = "judge_budget_tokens"  # the RequestView.options key of a request's judge budget
 BUDGET_REASON = "budget"  # Verdict.unchecked of the steps the budget let through
 
 
@@ -93,6 +95,17 @@ class JudgeDetector(Detector):
     description: ClassVar[str] = "an auxiliary VLM judges the partial chain against the image"
     types_steps: ClassVar[bool] = True
     uses_judge: ClassVar[bool] = True
+    options: ClassVar[tuple[DetectorOption, ...]] = (
+        DetectorOption(
+            BUDGET_OPTION,
+            "x-faithproxy-judge-budget",
+            whole_number(10**12),
+            "a whole number of judge tokens (0 or more; 0 checks nothing with the judge)",
+            setting="judge_budget_tokens",
+            setting_is_default=True,
+            ceiling="asks for {value} judge tokens, more than this server allows a request ({limit})",
+        ),
+    )
 
     def __init__(
         self,
@@ -126,40 +139,40 @@ class JudgeDetector(Detector):
             return None  # no judge configured on this server: the name is refused per request
         return cls(deps.judges, deps.default_judge or next(iter(deps.judges)))
 
-    def backend_for(self, ctx: ChainContext) -> JudgeBackend:
-        name = ctx.judge or self.default
+    def backend_for(self, view: RequestView) -> JudgeBackend:
+        name = view.judge or self.default
         backend = self.judges.get(name)
         if backend is None:
             raise DetectorError(f"unknown judge {name!r}", code=DetectorErrorCode.UNKNOWN_JUDGE)
         return backend
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         if not new_steps:
-            return []
-        backend = self.backend_for(ctx)
+            return CheckResult(())
+        backend = self.backend_for(view)
         reason = f"judge:{backend.name}"
-        if over_budget(ctx):
-            return _passed_for_budget(ctx, new_steps, reason)
-        accepted = [step.text for step in ctx.accepted]
+        if over_budget(view):
+            return CheckResult(_passed_for_budget(view, new_steps, reason))
+        accepted = [step.text for step in view.accepted]
         sentences = accepted + [step.text for step in new_steps]
-        reply, latency = await self._ask(ctx, backend, sentences, already_checked=len(accepted))
+        reply, latency = await self._ask(view, backend, sentences, already_checked=len(accepted))
         offset = len(accepted)
         if reply.first_unfaithful is not None and reply.first_unfaithful < offset:
             logger.warning(
                 "judge %s named accepted step %d of request %s; asking again about the new steps alone",
                 backend.name,
                 reply.first_unfaithful,
-                ctx.request_id,
+                view.request_id,
             )
             sentences = sentences[offset:]
-            reply, again = await self._ask(ctx, backend, sentences, already_checked=0, stable=False)
+            reply, again = await self._ask(view, backend, sentences, already_checked=0, stable=False)
             latency += again
             offset = 0
-        return _verdicts(reply, new_steps, offset, reason, latency)
+        return CheckResult(_verdicts(reply, new_steps, offset, reason, latency))
 
     async def _ask(
         self,
-        ctx: ChainContext,
+        view: RequestView,
         backend: JudgeBackend,
         sentences: list[str],
         *,
@@ -168,14 +181,14 @@ class JudgeDetector(Detector):
     ) -> tuple[JudgeReply, float]:
         """One call. `stable`: the chain starts at sentence 1 of the request (not the fallback's slice),
         so its cuts are the request's and are remembered for the next prompt."""
-        state = ctx.judge_state
-        key = (backend.name, tuple(image.sha256 for image in ctx.images))
-        if ctx.images and state.description is None:
+        state = view.judge_state
+        key = (backend.name, tuple(image.sha256 for image in view.images))
+        if view.images and state.description is None:
             state.description = self.descriptions.get(key)  # the same image(s) in an earlier request
-        ask = bool(ctx.images) and state.description is None
+        ask = bool(view.images) and state.description is None
         splits = state.splits if stable else set()
         blocks = build_judge_turn(
-            ctx.question,
+            view.question,
             sentences,
             already_checked=already_checked,
             description=state.description,
@@ -184,7 +197,7 @@ class JudgeDetector(Detector):
         )
         if stable:
             state.splits.update(chain_cuts(len(sentences), already_checked, splits))
-        result: JudgeResult = await backend.complete(JUDGE_SYSTEM_PROMPT, blocks, ctx.images)
+        result: JudgeResult = await backend.complete(JUDGE_SYSTEM_PROMPT, blocks, list(view.images))
         call = result.usage()
         self.usage.add(call)
         state.record(backend.name, call)
@@ -211,15 +224,16 @@ class JudgeDetector(Detector):
             await backend.aclose()
 
 
-def over_budget(ctx: ChainContext) -> bool:
+def over_budget(view: RequestView) -> bool:
     """Whether the request's judge budget (if it has one) is spent."""
-    budget = ctx.options.get(BUDGET_OPTION)
-    return budget is not None and ctx.judge_state.usage.budget_tokens >= int(budget)
+    budget = view.options.get(BUDGET_OPTION)
+    return budget is not None and view.judge_state.usage.budget_tokens >= int(budget)
 
 
-def _passed_for_budget(ctx: ChainContext, new_steps: list[Step], reason: str) -> list[Verdict]:
-    ctx.judge_state.budget_steps += sum(1 for step in new_steps if step.kind is StepKind.PERCEPTION)
-    return [
+def _passed_for_budget(view: RequestView, new_steps: list[Step], reason: str) -> tuple[Verdict, ...]:
+    # the judge's own memo of the request (JudgeState), not the view: it counts what its budget let by
+    view.judge_state.budget_steps += sum(1 for step in new_steps if step.kind is StepKind.PERCEPTION)
+    return tuple(
         Verdict(
             Faithfulness.UNKNOWN,
             "judge",
@@ -228,7 +242,7 @@ def _passed_for_budget(ctx: ChainContext, new_steps: list[Step], reason: str) ->
             unchecked=BUDGET_REASON,
         )
         for step in new_steps
-    ]
+    )
 
 
 def _verdicts(reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float) -> list[Verdict]:

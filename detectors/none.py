@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from faithproxy.detectors.base import Detector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, Verdict
 
 
@@ -20,5 +20,5 @@ class NoneDetector(Detector):
     description: ClassVar[str] = "no detection: every step is passed unchecked"
     checks: ClassVar[bool] = False
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
-        return [Verdict(Faithfulness.UNKNOWN, self.name, reason="detector_none") for _ in new_steps]
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
+        return CheckResult(tuple(Verdict(Faithfulness.UNKNOWN, self.name, reason="detector_none") for _ in new_steps))

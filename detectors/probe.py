@@ -30,13 +30,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from faithproxy.detectors.base import Detector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.detectors.features import capture_texts
+from faithproxy.detectors.options import DetectorOption, probability
+from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode, FaithproxyError, ProbeMismatch
-from faithproxy.faithcore.reasoning_formats import ReasoningFormat, get_format
-from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,14 +45,20 @@ if TYPE_CHECKING:
     from faithproxy.clients.hidden_states import Features, HiddenStates, HiddenStatesClient
     from faithproxy.detectors.registry import DetectorDeps
 
-# ctx.options key: the request's ReasoningFormat (the server sets it), so that a capture renders the
-# chain with the think markers the model saw
-REASONING_FORMAT_OPTION = "reasoning_format"
+THRESHOLD_OPTION = "probe_threshold"  # RequestView.options key: the request's threshold (a header)
 PROBE_FORMAT = "faithproxy-probe"
 PROBE_VERSION = 1
 RECIPES = ("last_token", "mean_last")
 
 logger = logging.getLogger(__name__)
+
+
+class Scored(NamedTuple):
+    """The probe's scores of a batch (None for a reasoning step) and the features they were read from
+    (one per step, None where none was read; None for a batch without perception steps)."""
+
+    scores: list[float | None]
+    features: tuple[Features | None, ...] | None
 
 
 class ProbeFileError(ValueError):
@@ -228,61 +235,21 @@ def _lists(value: Any) -> Any:
     return value
 
 
-def chain_text(steps: list[Step], fmt: ReasoningFormat | None = None) -> str:
-    """The partial assistant message that makes vLLM render `steps` exactly as the model wrote them.
-
-    A reasoning parser moved thinking steps into `reasoning` and dropped the think markers: they are put
-    back as the reasoning format says (`ReasoningFormat.model_text`: the opening marker only when the
-    model writes it itself, the closing one before the answer). When the generation prompt opens the
-    think block (`think_prompt`), a partial assistant message replaces that prompt's tail, so the
-    opening marker is written back as the template wrote it; Qwen3's template (`qwen3`) re-renders the
-    message with a think block of its own, so nothing is added there. Default format: `think`.
-    """
-    fmt = fmt or get_format("think")
-    by_channel: dict[Channel, str] = {}
-    for step in steps:
-        by_channel[step.channel] = by_channel.get(step.channel, "") + step.raw
-    text = fmt.model_text(by_channel)
-    if fmt.prompt_opens_think and not fmt.rewraps_final_message and text:
-        text = fmt.think_open + "\n" + text
-    return text
-
-
-def chain_prefix(steps: list[Step], fmt: ReasoningFormat | None = None) -> str:
-    """`chain_text` of the steps already accepted (kept for callers of the older name)."""
-    return chain_text(steps, fmt)
-
-
-def capture_texts(accepted: list[Step], new_steps: list[Step], fmt: ReasoningFormat | None) -> tuple[str, list[str]]:
-    """(prefix, pieces) for `HiddenStatesClient.step_states`: prefix + pieces[:i+1] is the chain text
-    that ends at new step i, markers included, even when the first new step is the chain's first."""
-    texts = [chain_text(accepted, fmt)]
-    for k in range(1, len(new_steps) + 1):
-        texts.append(chain_text([*accepted, *new_steps[:k]], fmt))
-    if texts[0] == "" and new_steps:
-        # the opening marker, if any, belongs in front of the first step: keep it in the prefix so that
-        # the pieces are the steps' own text (the capture of step i ends at its last character)
-        first = new_steps[0].raw
-        opening = texts[1][: len(texts[1]) - len(first)] if texts[1].endswith(first) else ""
-        texts[0] = opening
-    pieces = []
-    for before, after in zip(texts, texts[1:], strict=False):
-        if not after.startswith(before):  # steps out of channel order: fall back to the raw text
-            return texts[0], [step.raw for step in new_steps]
-        pieces.append(after[len(before) :])
-    return texts[0], pieces
-
-
 class ProbeDetector(Detector):
     """P(unfaithful) from the probe for every perception step; reasoning steps pass as FAITHFUL.
 
-    Per-request options (ctx.options): `probe_threshold` overrides the file's threshold.
-    Each perception step's features are kept on the step (`step.features`) for the trace.
+    Per-request options (view.options): `probe_threshold` overrides the file's threshold.
+    The features read for each perception step come back in the CheckResult (the driver keeps them on
+    the step for the trace); a step that already carries features of the probe's recipe (a replayed
+    trace's) is not captured again.
     """
 
     name: ClassVar[str] = "probe"
     description: ClassVar[str] = "classifier over the generator's hidden states (vLLM route 1)"
     reads_hidden_states: ClassVar[bool] = True
+    options: ClassVar[tuple[DetectorOption, ...]] = (
+        DetectorOption(THRESHOLD_OPTION, "x-faithproxy-probe-threshold", probability, "a probability from 0 to 1"),
+    )
 
     def __init__(self, probe: Probe, hidden: HiddenStatesClient) -> None:
         probe.check_compatible(layers=hidden.layers)
@@ -291,56 +258,64 @@ class ProbeDetector(Detector):
 
     @classmethod
     def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> ProbeDetector | None:
-        if deps.probe is None or deps.hidden is None:
-            return None  # needs both a probe file and a server that captures hidden states
-        return cls(deps.probe, deps.hidden)
+        """The probe file is read here (a bad file stops the server's start); None without both a probe
+        and a server that captures hidden states."""
+        probe = deps.probe
+        if probe is None and deps.probe_path:
+            probe = Probe.load(deps.probe_path)
+        if probe is None or deps.hidden is None:
+            return None
+        return cls(probe, deps.hidden)
 
-    def validate_request(self, ctx: ChainContext) -> None:
-        self.probe.check_compatible(model=ctx.model)
+    def validate_request(self, view: RequestView) -> None:
+        self.probe.check_compatible(model=view.model)
 
-    def threshold(self, ctx: ChainContext) -> float:
-        value = ctx.options.get("probe_threshold")
+    def threshold(self, view: RequestView) -> float:
+        value = view.options.get(THRESHOLD_OPTION)
         return self.probe.threshold if value is None else float(value)
 
-    async def scores(self, ctx: ChainContext, new_steps: list[Step]) -> list[float | None]:
-        """P(unfaithful) of each perception step of `new_steps` (None for reasoning steps)."""
+    async def scores(self, view: RequestView, new_steps: list[Step]) -> Scored:
+        """P(unfaithful) of each perception step of `new_steps` (None for reasoning steps), and the
+        features each was scored on."""
         import numpy as np
 
-        self.validate_request(ctx)
+        self.validate_request(view)
         wanted = [i for i, step in enumerate(new_steps) if step.kind is StepKind.PERCEPTION]
         if not wanted:
-            return [None] * len(new_steps)
+            return Scored([None] * len(new_steps), None)
         key = recipe_key(self.probe.recipe)
+        features: dict[int, Features] = {
+            i: new_steps[i].features for i in wanted if new_steps[i].features is not None
+        }
         # features of another recipe (a trace's, recorded for training) are read again under the probe's
-        todo = [i for i in wanted if new_steps[i].features is None or new_steps[i].features.recipe != key]
+        todo = [i for i in wanted if i not in features or features[i].recipe != key]
         if todo:
-            # one capture per step, each ending at that step (earlier new steps are part of its prefix)
-            last = todo[-1]
-            fmt = ctx.options.get(REASONING_FORMAT_OPTION)
-            prefix, pieces = capture_texts(ctx.accepted, new_steps[: last + 1], fmt)
-            try:
-                captured = await self.hidden.step_states(ctx.model, ctx.messages, prefix, pieces, todo)
-            except FaithproxyError as exc:
-                raise DetectorError(
-                    f"hidden states unavailable: {exc.message}", code=DetectorErrorCode.CONNECTION
-                ) from exc
-            for i in todo:
-                new_steps[i].features = features_of(captured[i], self.probe.recipe)
+            features |= await self._capture(view, new_steps, todo)
         try:
-            rows = [new_steps[i].features.select(self.probe.layers) for i in wanted]
+            rows = [features[i].select(self.probe.layers) for i in wanted]
         except ValueError as exc:
             raise DetectorError(str(exc), code=DetectorErrorCode.OTHER) from exc
         probabilities = self.probe.predict(np.stack(rows))
         out: list[float | None] = [None] * len(new_steps)
         for i, p in zip(wanted, probabilities, strict=True):
             out[i] = float(p)
-        return out
+        return Scored(out, tuple(features.get(i) for i in range(len(new_steps))))
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+    async def _capture(self, view: RequestView, new_steps: list[Step], todo: list[int]) -> dict[int, Features]:
+        """One capture per step of `todo`, each ending at that step (earlier new steps are part of its
+        prefix), as the probe's recipe reads it."""
+        prefix, pieces = capture_texts(view.accepted, new_steps[: todo[-1] + 1], view.reasoning_format)
+        try:
+            captured = await self.hidden.step_states(view.model, view.messages, prefix, pieces, todo)
+        except FaithproxyError as exc:
+            raise DetectorError(f"hidden states unavailable: {exc.message}", code=DetectorErrorCode.CONNECTION) from exc
+        return {i: features_of(captured[i], self.probe.recipe) for i in todo}
+
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         started = time.perf_counter()
-        scores = await self.scores(ctx, new_steps)
+        scores, features = await self.scores(view, new_steps)
         latency = time.perf_counter() - started
-        threshold = self.threshold(ctx)
+        threshold = self.threshold(view)
         verdicts = []
         for step, score in zip(new_steps, scores, strict=True):
             if score is None:
@@ -350,22 +325,4 @@ class ProbeDetector(Detector):
             verdicts.append(
                 Verdict(faithfulness, self.name, kind=step.kind, reason="probe", latency_s=latency, score=score)
             )
-        return verdicts
-
-
-async def record_features(hidden: HiddenStatesClient, ctx: ChainContext, steps: list[Step]) -> None:
-    """Reads the features of the perception steps of `steps` that have none (for the trace: probes are
-    trained from traces whose steps carry a judge's verdicts). Failures only leave them without."""
-    from faithproxy.clients.hidden_states import Features
-
-    todo = [i for i, s in enumerate(steps) if s.kind is StepKind.PERCEPTION and s.features is None]
-    if not todo:
-        return
-    prefix, pieces = capture_texts(ctx.accepted, steps[: todo[-1] + 1], ctx.options.get(REASONING_FORMAT_OPTION))
-    try:
-        captured = await hidden.step_states(ctx.model, ctx.messages, prefix, pieces, todo)
-    except FaithproxyError as exc:
-        logger.warning("request %s: no features recorded: %s", ctx.request_id, exc.message)
-        return
-    for i in todo:
-        steps[i].features = Features.last_token(captured[i])
+        return CheckResult(tuple(verdicts), features=features)

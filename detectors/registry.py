@@ -3,7 +3,9 @@
 Entries are lazy (importing the judge pulls in its prompt and backends); unknown names get a "did you
 mean". `build_detectors` builds every available detector whose dependencies are present, each by its
 own `Detector.from_deps`, in registration order: a detector made of others (the cascade) comes after
-them.
+them. `declared_options` and `decision_stages` gather what the registered detectors declare on their
+classes (their per-request options, their metric labels), so that the server asks the registry and never
+imports a detector's module.
 """
 
 from __future__ import annotations
@@ -13,9 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faithproxy.detectors.base import Detector
+from faithproxy.detectors.options import DetectorOption
 from faithproxy.faithcore.registry import Entry, Registry
 
-__all__ = ["DETECTORS", "DetectorDeps", "Entry", "build_detectors", "resolve"]
+__all__ = [
+    "DETECTORS",
+    "DetectorDeps",
+    "DetectorOption",
+    "Entry",
+    "build_detectors",
+    "decision_stages",
+    "declared_options",
+    "resolve",
+]
 
 DETECTORS: Registry[type[Detector]] = Registry(
     "detector",
@@ -36,12 +48,17 @@ DETECTORS: Registry[type[Detector]] = Registry(
 
 @dataclass
 class DetectorDeps:
-    """What detectors may need from the server: judge backends by name, the default judge; for the probe
-    and the cascade a loaded probe and a hidden-states client (both, or neither is built)."""
+    """What detectors may need from the server: judge backends by name, the default judge; the
+    generator's client (the prompt detector asks it); for the probe and the cascade a probe (loaded, or
+    the path of its file, which the probe's own `from_deps` reads) and a hidden-states client (both, or
+    neither is built); the server's cascade thresholds and where the cascade reports its decisions.
+    Services are typed loosely so that this layer imports no client it does not use."""
 
     judges: dict[str, Any] = field(default_factory=dict)
     default_judge: str | None = None
-    probe: Any = None  # detectors.probe.Probe
+    generator: Any = None  # clients.vllm.VLLMClient
+    probe: Any = None  # detectors.probe.Probe, already loaded (replay, tests)
+    probe_path: str | None = None  # a probe file, read when the probe is built (settings.probe_path)
     hidden: Any = None  # clients.hidden_states.HiddenStatesClient
     cascade_low: float = 0.1
     cascade_high: float = 0.9
@@ -61,3 +78,21 @@ def build_detectors(deps: DetectorDeps) -> dict[str, Detector]:
         if detector is not None:
             built[name] = detector
     return built
+
+
+def declared_options() -> tuple[DetectorOption, ...]:
+    """Every registered detector's per-request options, in registry order, each header once (two
+    detectors may share an option)."""
+    seen: dict[str, DetectorOption] = {}
+    for name in DETECTORS.available():
+        for option in DETECTORS.resolve(name).options:
+            seen.setdefault(option.header, option)
+    return tuple(seen.values())
+
+
+def decision_stages() -> tuple[str, ...]:
+    """Every stage a registered detector may report a decision for (DetectorDeps.on_cascade_decision)."""
+    stages: dict[str, None] = {}
+    for name in DETECTORS.available():
+        stages.update(dict.fromkeys(DETECTORS.resolve(name).decision_stages))
+    return tuple(stages)

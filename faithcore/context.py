@@ -1,17 +1,21 @@
-"""The per-request record every detector and regenerator receives: what they may know of the request.
+"""The per-request view every detector and regenerator receives, and what their calls return.
 
 It lives at the bottom of the house (faithcore) because the server builds it, detectors read it and
-regenerators read it too: none of them should have to import another's module to get it.
+regenerators read it too: none of them should have to import another's module to get it. The view is
+frozen: a detector reports what it found and spent in its `CheckResult`, a regenerator in its
+`Regeneration`, and the driver (which alone owns the request's totals) adds them up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any
 
 from faithproxy.faithcore.images import ImageRef
-from faithproxy.faithcore.types import Step
+from faithproxy.faithcore.reasoning_formats import ReasoningFormat
+from faithproxy.faithcore.types import Step, Verdict
 
 
 @dataclass
@@ -21,8 +25,12 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def add(self, usage: dict[str, Any] | None) -> None:
-        if usage:
+    def add(self, usage: Mapping[str, Any] | Usage | None) -> None:
+        """Adds an upstream reply's `usage` object, or another Usage (a check's or a rewrite's)."""
+        if isinstance(usage, Usage):
+            self.prompt_tokens += usage.prompt_tokens
+            self.completion_tokens += usage.completion_tokens
+        elif usage:
             self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
 
@@ -98,22 +106,71 @@ class JudgeState:
         return {**self.usage.as_dict(), "descriptions": self.descriptions, "budget_steps": self.budget_steps}
 
 
-@dataclass
-class ChainContext:
-    """What a detector or regenerator may know about the request being checked."""
+def _read_only(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    return options if isinstance(options, MappingProxyType) else MappingProxyType(dict(options))
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What a detector or regenerator may know of the request being checked: a frozen record.
+
+    Nothing is written through it. The driver builds one per request and a new one whenever the accepted
+    steps change (`with_accepted`); services a detector needs (the generator, hidden states) are handed to
+    it when it is built, never carried here. The one mutable part is `judge_state`, the judge's own memo
+    of this request (its image description, cache cuts, bill, budget count): the judge alone writes it,
+    and every view made from this one shares it.
+    """
 
     request_id: str
     model: str
     messages: list[dict[str, Any]]
     question: str
-    images: list[ImageRef]
-    accepted: list[Step] = field(default_factory=list)  # steps already verified, in order
-    # The generator's client (a clients.vllm.VLLMClient), for detectors and regenerators that ask the
-    # generator itself; typed loosely so that this bottom layer does not import clients/.
-    generator: Any = None
+    images: tuple[ImageRef, ...] = ()
+    accepted: tuple[Step, ...] = ()  # steps already verified, in order (the driver fills it)
     judge: str | None = None  # name of a server-configured judge
-    usage: Usage = field(default_factory=Usage)  # generator tokens spent on checks and rewrites
-    options: dict[str, Any] = field(default_factory=dict)  # detector-specific per-request settings
-    # The judge's per-request state (description, cache splits, bill): shared by every copy a detector
-    # makes of the context (the cascade does), since it is one object.
+    # Detector options given per request (`DetectorOption.key` → value, from the headers), read-only.
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # The request's reasoning format, so that a hidden-state capture renders the chain with the think
+    # markers the model saw; None: the default (`think`).
+    reasoning_format: ReasoningFormat | None = None
     judge_state: JudgeState = field(default_factory=JudgeState)
+
+    def __post_init__(self) -> None:
+        # Lists handed in become tuples, a dict of options a read-only mapping: a detector cannot change
+        # what the next check or the driver sees, even by mistake.
+        object.__setattr__(self, "images", tuple(self.images))
+        object.__setattr__(self, "accepted", tuple(self.accepted))
+        object.__setattr__(self, "options", _read_only(self.options))
+
+    def with_accepted(self, steps: Iterable[Step]) -> RequestView:
+        """The same request with `steps` as the accepted prefix (the judge state is shared)."""
+        return replace(self, accepted=tuple(steps))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What one `Detector.check` found: one verdict per step, in order, and what it cost and read.
+
+    `usage`: generator tokens the check spent (the prompt detector asks the generator); the driver adds
+    them to the request's. `features`: one entry per step when the detector read hidden-state features
+    (the probe, the cascade), None for a step it read none for; None when it read none at all. The driver
+    puts them on the steps for the trace.
+    """
+
+    verdicts: tuple[Verdict, ...]
+    usage: Usage = field(default_factory=Usage)
+    features: tuple[Any | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdicts", tuple(self.verdicts))
+        if self.features is not None:
+            object.__setattr__(self, "features", tuple(self.features))
+
+
+@dataclass(frozen=True)
+class Regeneration:
+    """One rewrite try: the candidate sentence (None: nothing usable, a failed try) and the generator
+    tokens it spent."""
+
+    candidate: str | None
+    usage: Usage = field(default_factory=Usage)

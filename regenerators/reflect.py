@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any, ClassVar
 
 from faithproxy.clients.vllm import VLLMClient, choice_texts
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import Regeneration, RequestView, Usage
 from faithproxy.faithcore.errors import RegenerationError, UpstreamError
 from faithproxy.faithcore.images import image_parts
 from faithproxy.faithcore.types import Step
@@ -34,31 +34,34 @@ class ReflectRegenerator(Regenerator):
         self.max_tokens = max_tokens
         self.samples = samples
 
-    async def regenerate(self, ctx: ChainContext, prefix: list[str], bad_step: Step, attempt: int) -> str | None:
-        """A rewrite that is neither the flagged sentence nor one rejected before, or None."""
+    async def regenerate(self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int) -> Regeneration:
+        """A rewrite that is neither the flagged sentence nor one rejected before, or None; with the
+        tokens of every call the try made."""
         seen = {bad_step.text.strip(), *(r.strip() for r in bad_step.rejected)}
-        prompt = build_regeneration_prompt(ctx.question, prefix, bad_step.text)
+        prompt = build_regeneration_prompt(view.question, prefix, bad_step.text)
         body: dict[str, Any] = {
-            "model": ctx.model,
-            "messages": [{"role": "user", "content": [*image_parts(ctx.messages), {"type": "text", "text": prompt}]}],
+            "model": view.model,
+            "messages": [{"role": "user", "content": [*image_parts(view.messages), {"type": "text", "text": prompt}]}],
             "max_tokens": self.max_tokens,
             "stream": False,
         }
+        usage = Usage()
         if attempt == 1 or self.temperature <= 0:
-            candidate = await self._most_agreed_new(ctx, body | {"temperature": 0.0}, seen)
+            candidate = await self._most_agreed_new(body | {"temperature": 0.0}, seen, usage)
             if candidate is not None or self.temperature <= 0:
-                return candidate
+                return Regeneration(candidate, usage)
         # vLLM seeds the n samples of one request seed, seed + 1, ...: spacing the tries' seeds by n
         # keeps every sample of every try distinct and the whole retry sequence reproducible.
         sampled = {"temperature": self.temperature, "n": self.samples, "seed": attempt * self.samples}
-        return await self._most_agreed_new(ctx, body | sampled, seen)
+        return Regeneration(await self._most_agreed_new(body | sampled, seen, usage), usage)
 
-    async def _most_agreed_new(self, ctx: ChainContext, body: dict[str, Any], seen: set[str]) -> str | None:
+    async def _most_agreed_new(self, body: dict[str, Any], seen: set[str], usage: Usage) -> str | None:
+        """One call; its tokens go into `usage`, the try's own tally."""
         try:
             completion = await self.generator.chat(body)
         except UpstreamError as exc:
             raise RegenerationError(f"regeneration call failed: {exc.message}", code=exc.code) from exc
-        ctx.usage.add(completion.get("usage"))
+        usage.add(completion.get("usage"))
         votes = Counter(
             sentence for sentence in map(parse_bracketed, choice_texts(completion)) if sentence and sentence not in seen
         )

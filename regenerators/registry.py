@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from faithproxy.clients.vllm import VLLMClient
+from typing import TYPE_CHECKING
+
 from faithproxy.faithcore.registry import Entry, Registry
 from faithproxy.regenerators.base import Regenerator
+
+if TYPE_CHECKING:
+    from faithproxy.clients.vllm import VLLMClient
 
 REGENERATORS: Registry[type[Regenerator]] = Registry(
     "regenerator",
@@ -21,7 +25,8 @@ REGENERATORS: Registry[type[Regenerator]] = Registry(
 def build_regenerator(
     name: str, generator: VLLMClient, *, temperature: float, max_tokens: int, samples: int
 ) -> Regenerator:
-    """The regenerator registered as `name`; every regenerator takes the generator and these settings.
+    """The regenerator registered as `name`; every regenerator takes the generator (injected here, never
+    carried by the request's view) and these settings.
     An unknown name raises UnknownName (also a ValueError) with a suggestion."""
     cls = REGENERATORS.resolve(name)
     return cls(generator, temperature=temperature, max_tokens=max_tokens, samples=samples)  # type: ignore[call-arg]

@@ -292,16 +292,16 @@ class Replay:
         default = args.judge or (configs[0].name if configs else None)
         if args.judge and args.judge not in judges:
             raise CommandError(f"--judge {args.judge!r} is not configured (have: {sorted(judges)})")
+        generator = None
+        if args.generator:  # handed to the detector when it is built (the prompt detector asks it)
+            from faithproxy.clients.vllm import VLLMClient
+
+            generator = deps["generator"] = VLLMClient(args.generator)
         detector = make_detector(args.detector, judges=judges, default_judge=default, **deps)
 
         async def go() -> Any:
-            generator = None
-            if args.generator:
-                from faithproxy.clients.vllm import VLLMClient
-
-                generator = VLLMClient(args.generator)
             try:
-                return await replay(chains, detector, judge=default, model=args.model, generator=generator,
+                return await replay(chains, detector, judge=default, model=args.model,
                                     image_dir=args.images, concurrency=args.concurrency, batch=args.batch,
                                     kinds=args.kinds, progress=not args.no_progress)  # fmt: skip
             finally:

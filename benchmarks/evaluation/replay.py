@@ -2,7 +2,7 @@
 
 Each chain is checked the way the proxy checks a live one (server/session.py), minus regeneration:
 its steps, typed by the proxy's keyword typer (or by the gold kinds, `kinds="gold"`), go to the
-detector in batches of up to `batch` steps, with the steps already checked as `ctx.accepted`. A
+detector in batches of up to `batch` steps, with the steps already checked as the view's `accepted`. A
 detector that stops at the first unfaithful step (the judge) marks the steps after it as not reached:
 replay keeps the flagged step as it is (nothing is rewritten offline) and asks again about the rest,
 so every step gets a verdict. Chains run concurrently, at most `concurrency` at a time; the steps of one
@@ -45,7 +45,7 @@ from faithproxy.benchmarks.evaluation.metrics import f1_by_position, step_f1, up
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.probe import Probe, recipe_key, recorded_features
 from faithproxy.detectors.registry import DETECTORS, DetectorDeps, build_detectors, resolve
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView, Usage
 from faithproxy.faithcore.errors import (
     BenchmarkError,
     DetectorError,
@@ -73,7 +73,7 @@ def make_detector(
 
     `judges` are handed over only to detectors that declare `uses_judge`; `deps` are further
     `DetectorDeps` fields (a loaded `probe` and a `hidden` states client, for those that declare
-    `reads_hidden_states`).
+    `reads_hidden_states`; the `generator` client, for the prompt detector).
     """
     entry = DETECTORS.get(name)
     if entry is None:
@@ -306,7 +306,6 @@ async def replay_chain(
     *,
     judge: str | None = None,
     model: str | None = None,
-    generator: Any = None,
     images: ImageResolver | None = None,
     batch: int = 16,
     kinds: Kinds = "heuristic",
@@ -315,15 +314,15 @@ async def replay_chain(
     if batch < 1:
         raise ValueError("batch must be at least 1")
     image = (images or ImageResolver()).resolve(chain.image)
-    ctx = ChainContext(
+    view = RequestView(
         request_id=chain.id,
         model=model or str(chain.extra.get("model") or "unknown"),
         messages=_messages(chain.question, image),
         question=chain.question,
-        images=[image] if image is not None else [],
-        generator=generator,
+        images=(image,) if image is not None else (),
         judge=judge,
     )
+    usage = Usage()  # generator tokens the checks spent (the prompt detector)
     probe = _probe_of(detector)
     steps = _steps_of(chain, kinds, recipe_key(probe.recipe) if probe is not None else None)
     latency: dict[int, float] = {}
@@ -335,12 +334,14 @@ async def replay_chain(
     while pos < len(steps):
         pending = steps[pos : pos + batch]
         if not detector.types_steps and not any(s.kind is StepKind.PERCEPTION for s in pending):
-            ctx.accepted.extend(pending)  # the proxy would not call this detector for them either
+            view = view.with_accepted([*view.accepted, *pending])  # the proxy would not call it for them either
             pos += len(pending)
             continue
         started = time.perf_counter()
         try:
-            verdicts = await detector.check(ctx, pending)
+            result = await detector.check(view, pending)
+            verdicts = result.verdicts
+            usage.add(result.usage)
             if len(verdicts) != len(pending):
                 raise DetectorError(f"{len(verdicts)} verdicts for {len(pending)} steps")
         except FaithproxyError as exc:
@@ -350,7 +351,7 @@ async def replay_chain(
             out.errors.append(exc.message)
             for step in pending:
                 latency[step.index], errors[step.index] = elapsed, exc.message
-            ctx.accepted.extend(pending)
+            view = view.with_accepted([*view.accepted, *pending])
             pos += len(pending)
             continue
         elapsed = time.perf_counter() - started
@@ -362,14 +363,14 @@ async def replay_chain(
                 step.kind = verdict.kind
             step.verdict = step.first_verdict = verdict
             latency[step.index] = elapsed
-        ctx.accepted.extend(pending[:keep])
+        view = view.with_accepted([*view.accepted, *pending[:keep]])
         pos += keep
     out.prediction.steps = [
         _predicted_step(step, source, latency.get(step.index), errors.get(step.index))
         for step, source in zip(steps, chain.steps, strict=True)
     ]
     out.prediction.extra = {"replay": {"detector": detector.name, "judge": judge, "calls": out.calls}}
-    out.generator_tokens = ctx.usage.prompt_tokens + ctx.usage.completion_tokens
+    out.generator_tokens = usage.prompt_tokens + usage.completion_tokens
     return out
 
 
@@ -398,7 +399,6 @@ async def replay(
     *,
     judge: str | None = None,
     model: str | None = None,
-    generator: Any = None,
     image_dir: str | Path | None = None,
     concurrency: int = 4,
     batch: int = 16,
@@ -419,7 +419,7 @@ async def replay(
     async def one(chain: LabelledChain) -> ChainReplay:
         async with gate:
             result = await replay_chain(
-                chain, detector, judge=judge, model=model, generator=generator, images=images, batch=batch,
+                chain, detector, judge=judge, model=model, images=images, batch=batch,
                 kinds=kinds,
             )  # fmt: skip
         bar.update(1)

@@ -8,8 +8,8 @@ import pytest
 
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.cascade import CascadeDetector
-from faithproxy.detectors.probe import ProbeDetector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.detectors.probe import ProbeDetector, Scored
+from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
@@ -21,11 +21,11 @@ class FixedProbe(ProbeDetector):
     def __init__(self, scores: dict[str, float]) -> None:
         self.fixed = scores
 
-    def validate_request(self, ctx: ChainContext) -> None:
+    def validate_request(self, view: RequestView) -> None:
         return None
 
-    async def scores(self, ctx: ChainContext, new_steps: list[Step]) -> list[float | None]:
-        return [None if s.kind is StepKind.REASONING else self.fixed[s.text] for s in new_steps]
+    async def scores(self, view: RequestView, new_steps: list[Step]) -> Scored:
+        return Scored([None if s.kind is StepKind.REASONING else self.fixed[s.text] for s in new_steps], None)
 
 
 class RecordingJudge(Detector):
@@ -37,8 +37,8 @@ class RecordingJudge(Detector):
         self.bad = bad
         self.calls: list[tuple[list[str], list[str]]] = []
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
-        self.calls.append(([s.text for s in ctx.accepted], [s.text for s in new_steps]))
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
+        self.calls.append(([s.text for s in view.accepted], [s.text for s in new_steps]))
         out, hit = [], False
         for s in new_steps:
             if hit:
@@ -48,7 +48,7 @@ class RecordingJudge(Detector):
                 out.append(Verdict(U, "judge", kind=StepKind.PERCEPTION, reason="judge:x"))
             else:
                 out.append(Verdict(F, "judge", kind=s.kind, reason="judge:x"))
-        return out
+        return CheckResult(tuple(out))
 
 
 def steps(*texts: str) -> list[Step]:
@@ -58,9 +58,9 @@ def steps(*texts: str) -> list[Step]:
     ]
 
 
-def ctx(accepted: list[Step] | None = None, **options: Any) -> ChainContext:
-    return ChainContext(request_id="r", model="m", messages=[], question="q", images=[], accepted=accepted or [],
-                        options=options)  # fmt: skip
+def ctx(accepted: list[Step] | None = None, **options: Any) -> RequestView:
+    return RequestView(request_id="r", model="m", messages=[], question="q", images=(), accepted=accepted or (),
+                       options=options)  # fmt: skip
 
 
 def cascade(scores: dict[str, float], judge: RecordingJudge, **kw: Any) -> tuple[CascadeDetector, list[Any]]:
@@ -72,7 +72,7 @@ def cascade(scores: dict[str, float], judge: RecordingJudge, **kw: Any) -> tuple
 async def test_confident_probe_decides_without_judge() -> None:
     judge = RecordingJudge()
     detector, seen = cascade({"A.": 0.01, "B.": 0.02}, judge)
-    verdicts = await detector.check(ctx(), steps("A.", "So C.", "B."))
+    verdicts = (await detector.check(ctx(), steps("A.", "So C.", "B."))).verdicts
     assert [v.faithfulness for v in verdicts] == [F, F, F]
     assert judge.calls == [] and seen == [("probe", 1), ("probe", 1)]
     assert all(v.detector == "cascade" for v in verdicts) and verdicts[0].reason == "cascade:probe"
@@ -81,7 +81,7 @@ async def test_confident_probe_decides_without_judge() -> None:
 async def test_confident_unfaithful_ends_the_batch() -> None:
     judge = RecordingJudge()
     detector, _ = cascade({"A.": 0.05, "B.": 0.97, "C.": 0.5}, judge)
-    verdicts = await detector.check(ctx(), steps("A.", "B.", "C."))
+    verdicts = (await detector.check(ctx(), steps("A.", "B.", "C."))).verdicts
     assert [v.faithfulness for v in verdicts] == [F, U, N]
     assert verdicts[1].score == 0.97 and judge.calls == []
     assert dict(detector.decisions) == {"probe": 2}
@@ -91,7 +91,7 @@ async def test_uncertain_step_goes_to_judge_with_earlier_steps_as_context() -> N
     judge = RecordingJudge(bad={"C."})
     detector, seen = cascade({"A.": 0.05, "B.": 0.5, "C.": 0.01}, judge)
     earlier = steps("Z.")
-    verdicts = await detector.check(ctx(accepted=earlier), steps("A.", "B.", "C."))
+    verdicts = (await detector.check(ctx(accepted=earlier), steps("A.", "B.", "C."))).verdicts
     # the judge gets B. and everything after it, with the accepted step and A. as context
     assert judge.calls == [(["Z.", "A."], ["B.", "C."])]
     assert [v.faithfulness for v in verdicts] == [F, F, U]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from faithproxy.clients.judge_base import UserTurn
 from faithproxy.clients.judges import JudgeBackend, JudgeConfig, JudgeResult, build_judge
 from faithproxy.detectors.judge import DescriptionCache, JudgeDetector
 from faithproxy.detectors.none import NoneDetector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import DetectorError
 from faithproxy.faithcore.images import ImageRef, parse_image_url
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind
@@ -52,14 +53,17 @@ def steps(*texts: str, start: int = 0, kind: StepKind = P) -> list[Step]:
     return [Step(index=start + i, text=t, raw=t, kind=kind) for i, t in enumerate(texts)]
 
 
-def context(accepted: list[Step] | None = None, images: list[ImageRef] | None = None) -> ChainContext:
-    return ChainContext(
+def context(
+    accepted: list[Step] | None = None, images: list[ImageRef] | None = None, options: dict[str, Any] | None = None
+) -> RequestView:
+    return RequestView(
         request_id="req-1",
         model="generator",
         messages=[],
         question="What does the man wear?",
-        images=[IMAGE] if images is None else images,
-        accepted=accepted or [],
+        images=(IMAGE,) if images is None else tuple(images),
+        accepted=accepted or (),
+        options=options or {},
     )
 
 
@@ -70,7 +74,7 @@ async def test_batch_of_new_steps_is_one_call_with_mapped_verdicts(env: Env) -> 
         "The man wears a red scarf.",
         "The bicycle is blue.",
     )
-    verdicts = await env.detector.check(context(), new)
+    verdicts = (await env.detector.check(context(), new)).verdicts
     assert [v.faithfulness for v in verdicts] == [F, F, U, N]
     assert [v.kind for v in verdicts] == [P, R, P, P]
     assert env.state.requests == 1 and env.state.sentences_judged == 4
@@ -81,14 +85,14 @@ async def test_batch_of_new_steps_is_one_call_with_mapped_verdicts(env: Env) -> 
 
 async def test_all_faithful(env: Env) -> None:
     new = steps("A man stands next to a bicycle.", "He might be cold.")
-    verdicts = await env.detector.check(context(), new)
+    verdicts = (await env.detector.check(context(), new)).verdicts
     assert [(v.faithfulness, v.kind) for v in verdicts] == [(F, P), (F, R)]
 
 
 async def test_accepted_steps_are_context_only(env: Env) -> None:
     accepted = steps("A man stands next to a bicycle.", "The bicycle has a basket.")
     new = steps("The basket is empty.", "He might be cold.", start=2)
-    verdicts = await env.detector.check(context(accepted), new)
+    verdicts = (await env.detector.check(context(accepted), new)).verdicts
     assert [v.faithfulness for v in verdicts] == [U, N]
     last = env.state.last_request
     assert last is not None and last["sentences"] == 4 and last["already_checked"] == 2
@@ -98,7 +102,7 @@ async def test_accepted_steps_are_context_only(env: Env) -> None:
 async def test_a_residual_accepted_step_does_not_blind_the_judge(env: Env) -> None:
     """An unfaithful step that exhausted its retries stays in the chain; later steps are still judged."""
     accepted = steps("The man wears a red scarf.")
-    verdicts = await env.detector.check(context(accepted), steps("The bicycle is blue.", start=1))
+    verdicts = (await env.detector.check(context(accepted), steps("The bicycle is blue.", start=1))).verdicts
     assert [v.faithfulness for v in verdicts] == [F]
     assert env.state.requests == 1
 
@@ -107,14 +111,14 @@ async def test_judge_that_names_an_accepted_step_is_asked_about_new_steps_alone(
     env.state.obey_checked = False
     accepted = steps("The man wears a red scarf.", "The bicycle is blue.")
     new = steps("A man stands next to a bicycle.", "The basket is empty.", "He might be cold.", start=2)
-    verdicts = await env.detector.check(context(accepted), new)
+    verdicts = (await env.detector.check(context(accepted), new)).verdicts
     assert [v.faithfulness for v in verdicts] == [F, U, N]
     assert env.state.requests == 2
     assert env.state.last_request is not None and env.state.last_request["sentences"] == 3
 
 
 async def test_no_new_steps_no_call(env: Env) -> None:
-    assert await env.detector.check(context(), []) == []
+    assert (await env.detector.check(context(), [])).verdicts == ()
     assert env.state.requests == 0
 
 
@@ -124,7 +128,7 @@ async def test_the_image_is_described_once_per_request_and_then_part_of_every_pr
     last = env.state.last_request
     assert last is not None and last["asks_description"] and last["description"] is None
     assert ctx.judge_state.description == ORACLE["description"] and ctx.judge_state.descriptions == 1
-    ctx.accepted = steps("A man stands next to a bicycle.")
+    ctx = ctx.with_accepted(steps("A man stands next to a bicycle."))
     await env.detector.check(ctx, steps("The bicycle is blue.", start=1))
     assert env.state.last_request["description"] == ORACLE["description"]
     assert not env.state.last_request["asks_description"]
@@ -154,7 +158,7 @@ async def test_the_judge_is_asked_about_new_sentences_only_and_its_bill_stays_fl
     for i in range(40):
         text = f"Step {i}: the bicycle has {i} spokes on its front wheel."
         await env.detector.check(ctx, steps(text, start=i))
-        ctx.accepted.append(steps(text, start=i)[0])
+        ctx = ctx.with_accepted([*ctx.accepted, steps(text, start=i)[0]])
         last = env.state.last_request
         assert last is not None and (last["sentences"], last["already_checked"]) == (i + 1, i)
         bills.append(last["usage"])
@@ -194,18 +198,18 @@ async def test_every_call_is_reported_as_it_returns(env: Env) -> None:
 
 
 async def test_past_the_budget_steps_pass_unchecked_without_a_call(env: Env) -> None:
-    ctx = context()
-    ctx.options["judge_budget_tokens"] = 1  # spent by the first call, whatever it costs
-    first = await env.detector.check(ctx, steps("The man wears a red scarf."))
+    ctx = context(options={"judge_budget_tokens": 1})  # spent by the first call, whatever it costs
+    first = (await env.detector.check(ctx, steps("The man wears a red scarf."))).verdicts
     assert [v.faithfulness for v in first] == [U] and env.state.requests == 1
-    verdicts = await env.detector.check(ctx, steps("The basket is empty.", "He might be cold.", start=1, kind=P))
+    later = steps("The basket is empty.", "He might be cold.", start=1, kind=P)
+    verdicts = (await env.detector.check(ctx, later)).verdicts
     assert env.state.requests == 1  # no call past the budget
     assert [(v.faithfulness, v.unchecked) for v in verdicts] == [(N, "budget")] * 2
     assert verdicts[0].reason == f"judge:{env.judge_name}:budget" and verdicts[0].kind is P
     assert ctx.judge_state.budget_steps == 2
-    none_at_all = context()
-    none_at_all.options["judge_budget_tokens"] = 0
-    assert [v.unchecked for v in await env.detector.check(none_at_all, steps("a", "b", kind=R))] == ["budget"] * 2
+    none_at_all = context(options={"judge_budget_tokens": 0})
+    passed = (await env.detector.check(none_at_all, steps("a", "b", kind=R))).verdicts
+    assert [v.unchecked for v in passed] == ["budget"] * 2
     assert env.state.requests == 1 and none_at_all.judge_state.budget_steps == 0  # reasoning steps: not counted
 
 
@@ -213,7 +217,7 @@ async def test_cache_reads_do_not_count_against_the_budget(env: Env) -> None:
     ctx = context()
     for i in range(6):
         await env.detector.check(ctx, steps(f"The bicycle has {i} bells.", start=i))
-        ctx.accepted += steps(f"The bicycle has {i} bells.", start=i)
+        ctx = ctx.with_accepted([*ctx.accepted, *steps(f"The bicycle has {i} bells.", start=i)])
     usage = ctx.judge_state.usage
     assert usage.budget_tokens == usage.input_tokens + usage.cache_creation_tokens + usage.output_tokens
     assert usage.cached_input_tokens > 0 and usage.budget_tokens < usage.prompt_tokens + usage.output_tokens
@@ -231,10 +235,9 @@ async def test_judge_failures_are_detector_errors(env: Env, mode: str, code: str
 
 
 async def test_request_picks_a_judge_by_name(env: Env) -> None:
-    ctx = context()
-    ctx.judge = env.judge_name
-    assert len(await env.detector.check(ctx, steps("The bicycle is blue."))) == 1
-    ctx.judge = "no-such-judge"
+    ctx = replace(context(), judge=env.judge_name)
+    assert len((await env.detector.check(ctx, steps("The bicycle is blue."))).verdicts) == 1
+    ctx = replace(ctx, judge="no-such-judge")
     with pytest.raises(DetectorError) as info:
         await env.detector.check(ctx, steps("The bicycle is blue."))
     assert info.value.code == "unknown_judge"
@@ -263,14 +266,14 @@ async def test_unfaithful_step_typed_reasoning_counts_as_perception() -> None:
     reply = "Sentence 1: REASONING\nSentence 2: REASONING\n[Faithfulness]: UNFAITHFUL\n"
     reply += "[First unfaithful sentence]: Sentence 2"
     detector = JudgeDetector({"scripted": ScriptedJudge(reply)}, "scripted")
-    verdicts = await detector.check(context(), steps("a", "b", kind=R))
+    verdicts = (await detector.check(context(), steps("a", "b", kind=R))).verdicts
     assert [(v.faithfulness, v.kind) for v in verdicts] == [(F, R), (U, P)]
     assert verdicts[0].latency_s == 0.25
 
 
 async def test_untyped_steps_keep_their_own_kind() -> None:
     detector = JudgeDetector({"scripted": ScriptedJudge("[Faithfulness]: FAITHFUL")}, "scripted")
-    verdicts = await detector.check(context(), steps("a", kind=R) + steps("b", start=1, kind=P))
+    verdicts = (await detector.check(context(), steps("a", kind=R) + steps("b", start=1, kind=P))).verdicts
     assert [v.kind for v in verdicts] == [R, P]
 
 
@@ -287,5 +290,5 @@ def test_description_cache_is_a_bounded_lru() -> None:
 
 
 async def test_none_detector_checks_nothing() -> None:
-    verdicts = await NoneDetector().check(context(), steps("a", "b"))
+    verdicts = (await NoneDetector().check(context(), steps("a", "b"))).verdicts
     assert [(v.faithfulness, v.detector, v.reason) for v in verdicts] == [(N, "none", "detector_none")] * 2

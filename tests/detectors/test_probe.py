@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,12 @@ import numpy as np
 import pytest
 
 from faithproxy.clients.hidden_states import Features, HiddenStates, HiddenStatesClient
-from faithproxy.detectors.probe import Probe, ProbeDetector, ProbeFileError, chain_prefix
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.detectors.features import chain_prefix, read_step_features
+from faithproxy.detectors.probe import Probe, ProbeDetector, ProbeFileError
+from faithproxy.detectors.registry import DetectorDeps
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import DetectorError, ProbeMismatch, UpstreamError
+from faithproxy.faithcore.reasoning_formats import ReasoningFormat
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind
 
 H = 4
@@ -131,9 +135,9 @@ def step(index: int, text: str, kind: StepKind = StepKind.PERCEPTION, raw: str |
     return Step(index=index, text=text, raw=raw if raw is not None else f" {text}", kind=kind)
 
 
-def ctx(**options: Any) -> ChainContext:
-    return ChainContext(request_id="r", model="tiny-vlm", messages=[{"role": "user", "content": "q"}], question="q",
-                        images=[], options=options)  # fmt: skip
+def ctx(reasoning_format: ReasoningFormat | None = None, **options: Any) -> RequestView:
+    return RequestView(request_id="r", model="tiny-vlm", messages=[{"role": "user", "content": "q"}], question="q",
+                       options=options, reasoning_format=reasoning_format)  # fmt: skip
 
 
 async def test_detector_scores_perception_steps_and_uses_request_threshold() -> None:
@@ -144,22 +148,27 @@ async def test_detector_scores_perception_steps_and_uses_request_threshold() -> 
         step(1, "So it is red.", StepKind.REASONING),
         step(2, "It is small."),
     ]
-    verdicts = await detector.check(ctx(), steps)
+    result = await detector.check(ctx(), steps)
+    verdicts = result.verdicts
     assert [v.faithfulness for v in verdicts] == [Faithfulness.UNFAITHFUL, Faithfulness.FAITHFUL, Faithfulness.FAITHFUL]
     assert verdicts[0].score == pytest.approx(1 / (1 + np.exp(-8.0)))
     assert verdicts[1].score is None
     # one capture per perception step, each ending at that step, without trailing space
     assert hidden.texts == ["<think>\nThe ball is red.", "<think>\nThe ball is red. So it is red. It is small."]
-    assert isinstance(steps[0].features, Features)
+    # the features come back in the result, one per step; the steps are left as they were (the driver
+    # puts the features on them, as below)
+    assert result.features is not None and isinstance(result.features[0], Features) and result.features[1] is None
+    assert steps[0].features is None
+    for s, features in zip(steps, result.features, strict=True):
+        s.features = features
     # a threshold above the score passes it; the features are not read again
-    fresh = await detector.check(ctx(probe_threshold=0.99999), steps)
+    fresh = (await detector.check(ctx(probe_threshold=0.99999), steps)).verdicts
     assert fresh[0].faithfulness is Faithfulness.FAITHFUL and len(hidden.texts) == 2
 
 
 async def test_detector_refuses_other_model_and_wraps_capture_errors() -> None:
     detector = ProbeDetector(make_probe(), FakeHidden(fail=True))
-    other = ctx()
-    other.model = "other-vlm"
+    other = dataclasses.replace(ctx(), model="other-vlm")
     with pytest.raises(ProbeMismatch):
         detector.validate_request(other)
     with pytest.raises(DetectorError, match="hidden states unavailable"):
@@ -176,7 +185,7 @@ def test_capture_text_follows_the_reasoning_format() -> None:
     """The capture's partial message renders the chain as the model saw it: the opening think marker is
     the model's own (think), the template's (think_prompt: written back, since a partial message replaces
     the generation prompt's tail), or left to the template (qwen3, which re-renders a think block itself)."""
-    from faithproxy.detectors.probe import capture_texts, chain_text
+    from faithproxy.detectors.features import capture_texts, chain_text
     from faithproxy.faithcore.reasoning_formats import get_format
 
     def parsed(index: int, raw: str, channel: Channel = Channel.REASONING) -> Step:
@@ -201,19 +210,19 @@ def test_capture_text_follows_the_reasoning_format() -> None:
 
 
 async def test_detector_captures_with_the_requests_format() -> None:
-    from faithproxy.detectors.probe import REASONING_FORMAT_OPTION
     from faithproxy.faithcore.reasoning_formats import get_format
 
     hidden = FakeHidden(scores={"The ball is red.": 2.0})
     detector = ProbeDetector(make_probe(), hidden)
     first = Step(index=0, text="The ball is red.", raw="The ball is red.", channel=Channel.REASONING,
                  kind=StepKind.PERCEPTION)  # fmt: skip
-    verdicts = await detector.check(ctx(**{REASONING_FORMAT_OPTION: get_format("think_prompt")}), [first])
+    verdicts = (await detector.check(ctx(get_format("think_prompt")), [first])).verdicts
     assert hidden.texts == ["<think>\nThe ball is red."] and verdicts[0].faithfulness is Faithfulness.UNFAITHFUL
     # features of another recipe (a trace's) are read again under the probe's own
     first.features = Features(np.zeros((2, H), dtype=np.float32), LAYERS, recipe="mean_last_4")
-    await detector.check(ctx(**{REASONING_FORMAT_OPTION: get_format("qwen3")}), [first])
-    assert hidden.texts[-1] == "The ball is red." and first.features.recipe == "last_token"
+    again = await detector.check(ctx(get_format("qwen3")), [first])
+    assert again.features is not None and again.features[0] is not None
+    assert hidden.texts[-1] == "The ball is red." and again.features[0].recipe == "last_token"
 
 
 def test_mean_last_recipe() -> None:
@@ -230,3 +239,33 @@ def test_mean_last_recipe() -> None:
     data["recipe"] = {"name": "mean_last", "tokens": "8"}
     with pytest.raises(ProbeFileError, match="whole number of tokens"):
         Probe.from_json(data)
+
+
+async def test_features_for_traces_are_returned_not_written() -> None:
+    """The server's feature recorder (any detector, FAITHPROXY_RECORD_FEATURES): `last_token` features of
+    the perception steps that have none, in the capture the request's format renders; a failed capture
+    leaves every step without."""
+    from faithproxy.faithcore.reasoning_formats import get_format
+
+    hidden = FakeHidden()
+    steps = [step(0, "The ball is red."), step(1, "So it is red.", StepKind.REASONING), step(2, "It is small.")]
+    features = await read_step_features(hidden, ctx(get_format("think")), steps)
+    assert [f is not None for f in features] == [True, False, True]
+    assert all(f is None or f.recipe == "last_token" for f in features)
+    assert all(s.features is None for s in steps) and len(hidden.texts) == 2
+    assert await read_step_features(FakeHidden(fail=True), ctx(), steps) == (None, None, None)
+    steps[0].features, steps[2].features = features[0], features[2]
+    assert await read_step_features(hidden, ctx(), steps) == (None, None, None) and len(hidden.texts) == 2
+
+
+def test_the_probe_reads_its_own_file(tmp_path: Path) -> None:
+    """The server hands over the path (FAITHPROXY_PROBE_PATH); the probe's from_deps loads it, and a bad
+    file stops the build (the server's start)."""
+    path = tmp_path / "probe.json"
+    make_probe().save(path)
+    built = ProbeDetector.from_deps(DetectorDeps(probe_path=str(path), hidden=FakeHidden()), {})
+    assert built is not None and built.probe.model == "tiny-vlm"
+    assert ProbeDetector.from_deps(DetectorDeps(probe_path=str(path)), {}) is None  # no hidden states
+    path.write_text("{}", encoding="utf-8")
+    with pytest.raises(ProbeFileError):
+        ProbeDetector.from_deps(DetectorDeps(probe_path=str(path), hidden=FakeHidden()), {})

@@ -13,10 +13,20 @@ from faithproxy.detectors import registry
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.cascade import CascadeDetector
 from faithproxy.detectors.judge import JudgeDetector
+from faithproxy.detectors.options import DetectorOption, probability
 from faithproxy.detectors.probe import ProbeDetector
-from faithproxy.detectors.registry import DETECTORS, DetectorDeps, Entry, build_detectors, resolve
-from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.types import Step, Verdict
+from faithproxy.detectors.prompt import SelfCheckDetector
+from faithproxy.detectors.registry import (
+    DETECTORS,
+    DetectorDeps,
+    Entry,
+    build_detectors,
+    decision_stages,
+    declared_options,
+    resolve,
+)
+from faithproxy.faithcore.context import CheckResult, RequestView
+from faithproxy.faithcore.types import Step
 
 
 class FakeProbe:
@@ -34,6 +44,10 @@ class ExtraDetector(Detector):
     """A detector added by registration alone; built only when the server has a default judge name."""
 
     name: ClassVar[str] = "extra"
+    options: ClassVar[tuple[DetectorOption, ...]] = (
+        DetectorOption("extra_level", "x-faithproxy-extra-level", probability, "a probability from 0 to 1"),
+    )
+    decision_stages: ClassVar[tuple[str, ...]] = ("first", "second")
 
     def __init__(self, judge: str) -> None:
         self.judge = judge
@@ -42,8 +56,8 @@ class ExtraDetector(Detector):
     def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> Detector | None:
         return cls(deps.default_judge) if deps.default_judge else None
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
-        return []
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
+        return CheckResult(())
 
 
 def test_registered_names_are_the_classes_names() -> None:
@@ -95,6 +109,26 @@ def test_a_new_detector_needs_only_an_entry(monkeypatch: pytest.MonkeyPatch) -> 
     assert "extra" not in build_detectors(DetectorDeps())
     built = build_detectors(DetectorDeps(judges={"a": object()}, default_judge="a"))
     assert isinstance(built["extra"], ExtraDetector) and built["extra"].judge == "a"
+    # its option and its metric labels reach the server through the registry, not through an import
+    assert ExtraDetector.options[0] in declared_options()
+    assert decision_stages() == ("probe", "judge", "first", "second")
+
+
+def test_the_built_in_declarations() -> None:
+    """The headers and stages the server serves today come from the detectors' classes."""
+    assert {o.header: o.key for o in declared_options()} == {
+        "x-faithproxy-judge-budget": "judge_budget_tokens",
+        "x-faithproxy-probe-threshold": "probe_threshold",
+        "x-faithproxy-cascade-low": "cascade_low",
+        "x-faithproxy-cascade-high": "cascade_high",
+    }
+    assert decision_stages() == ("probe", "judge")
+
+
+def test_the_prompt_detector_gets_the_generator_when_built() -> None:
+    generator = object()
+    built = build_detectors(DetectorDeps(generator=generator))
+    assert isinstance(built["prompt"], SelfCheckDetector) and built["prompt"].generator is generator
 
 
 def test_planned_detectors_are_skipped_and_unknown_ones_suggested(monkeypatch: pytest.MonkeyPatch) -> None:

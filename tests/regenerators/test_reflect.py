@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from faithproxy.clients.vllm import VLLMClient
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView, Usage
 from faithproxy.faithcore.errors import RegenerationError
 from faithproxy.faithcore.types import Step, StepKind
 from faithproxy.regenerators.reflect import ReflectRegenerator
@@ -39,24 +39,25 @@ class ScriptedVLLM:
 
 async def regenerate(
     upstream: ScriptedVLLM, attempt: int, rejected: list[str] | None = None, **kwargs: Any
-) -> tuple[str | None, ChainContext]:
+) -> tuple[str | None, Usage]:
+    """The candidate and the tokens the try reports (its Regeneration)."""
     client = VLLMClient("http://vllm.test", transport=httpx.MockTransport(upstream.handler))
-    ctx = ChainContext("r1", "m", [{"role": "user", "content": "How many objects?"}], "How many objects?", [])
+    view = RequestView("r1", "m", [{"role": "user", "content": "How many objects?"}], "How many objects?")
     step = Step(index=0, text=BAD, raw=BAD, kind=StepKind.PERCEPTION, rejected=list(rejected or []))
     try:
-        result = await ReflectRegenerator(client, **kwargs).regenerate(ctx, [], step, attempt)
+        result = await ReflectRegenerator(client, **kwargs).regenerate(view, [], step, attempt)
     finally:
         await client.aclose()
-    return result, ctx
+    return result.candidate, result.usage
 
 
 async def test_greedy_first_try_that_says_something_new_is_taken():
     upstream = ScriptedVLLM(completion("[There are 3 objects in the image.]"))
-    result, ctx = await regenerate(upstream, attempt=1)
+    result, usage = await regenerate(upstream, attempt=1)
     assert result == "There are 3 objects in the image."
     assert len(upstream.bodies) == 1
     assert upstream.bodies[0]["temperature"] == 0.0 and "n" not in upstream.bodies[0]
-    assert ctx.usage.completion_tokens == 5
+    assert usage.completion_tokens == 5
 
 
 async def test_greedy_repeat_of_the_flagged_sentence_falls_back_to_samples():
@@ -66,11 +67,11 @@ async def test_greedy_repeat_of_the_flagged_sentence_falls_back_to_samples():
             f"[{BAD}]", "no brackets", "[There are 2 objects in the image.]", "[There are 3 objects in the image.]"
         ),
     )
-    result, ctx = await regenerate(upstream, attempt=1, samples=4)
+    result, usage = await regenerate(upstream, attempt=1, samples=4)
     assert result == "There are 2 objects in the image."  # new ones tie at one vote: the earliest
     sampled = upstream.bodies[1]
     assert (sampled["n"], sampled["temperature"], sampled["seed"]) == (4, 0.8, 4)
-    assert ctx.usage.completion_tokens == 5 + 20  # both calls are accounted
+    assert usage.completion_tokens == 5 + 20  # both calls are accounted
 
 
 async def test_the_rewrite_most_samples_agree_on_is_taken():

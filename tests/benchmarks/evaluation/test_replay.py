@@ -21,7 +21,7 @@ from faithproxy.clients.judges import JudgeConfig, build_judges
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.registry import DETECTORS, Entry
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, Verdict
 
 ORACLE = {"unfaithful": ["The car is blue.", "The sky is green.", "The sun is red."]}
@@ -149,12 +149,12 @@ class Slow(Detector):
         self.active = 0
         self.peak = 0
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         self.active += 1
         self.peak = max(self.peak, self.active)
         await asyncio.sleep(0.02)
         self.active -= 1
-        return [Verdict(Faithfulness.FAITHFUL, self.name) for _ in new_steps]
+        return CheckResult(tuple(Verdict(Faithfulness.FAITHFUL, self.name) for _ in new_steps))
 
 
 async def test_concurrency_is_bounded() -> None:
@@ -178,11 +178,11 @@ async def test_prompt_detector_asks_the_generator() -> None:
         return httpx.Response(200, json={"choices": [{"index": 0, "message": message}], "usage": usage})
 
     generator = VLLMClient("http://vllm.test", transport=httpx.MockTransport(vllm))
-    detector = make_detector("prompt")
+    detector = make_detector("prompt", generator=generator)  # the generator is injected when it is built
     chains = [_chain("p", [("The car is red.", "perception", True), ("So it is red.", "reasoning", None),
                            ("The car is blue.", "perception", False)])]  # fmt: skip
     try:
-        predictions, report = await replay(chains, detector, generator=generator, model="m", progress=False)
+        predictions, report = await replay(chains, detector, model="m", progress=False)
     finally:
         await generator.aclose()
     assert len(asked) == 2  # one self-check per perception step, none for the reasoning step
