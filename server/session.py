@@ -14,6 +14,7 @@ follow as each batch is checked.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
-from faithproxy.detectors.features import record_features
+from faithproxy.detectors.features import read_step_features
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.correction import (
     WAIT,
@@ -43,7 +44,7 @@ from faithproxy.faithcore.correction import (
     Tried,
 )
 from faithproxy.faithcore.errors import DetectorError, RegenerationError
-from faithproxy.faithcore.reasoning_formats import ReasoningFormat
+from faithproxy.faithcore.reasoning_formats import ReasoningFormat, get_format
 from faithproxy.faithcore.types import Channel, Step
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.metrics import Metrics, detector_error_label
@@ -75,12 +76,17 @@ class ChainSession:
         # reads (and checks, and corrects) it, since the answer is written from it: it is dropped on the
         # way out instead.
         self.hide_reasoning = self.body.get("include_reasoning") is False
+        if self.view.reasoning_format is None:
+            # the view carries it so that hidden-state captures render the chain with the model's markers
+            self.view = dataclasses.replace(self.view, reasoning_format=self._reasoning_format())
+        self.reasoning_format = self.view.reasoning_format
         self.core = CorrectionCore(self.rules(self.reasoning_format))
 
-    @property
-    def reasoning_format(self) -> ReasoningFormat:
-        assert self.view.reasoning_format is not None, "the door sets the request's reasoning format"
-        return self.view.reasoning_format
+    def _reasoning_format(self) -> ReasoningFormat:
+        """Where the model writes its thinking: the request's header, else the server's setting."""
+        settings = self.settings
+        name = self.policy.reasoning_format or settings.reasoning_format
+        return get_format(name, settings.think_open_tag, settings.think_close_tag)
 
     def rules(self, reasoning_format: ReasoningFormat) -> Rules:
         """The machine's rules for this request, from the policy, the settings and the detector."""
@@ -183,7 +189,7 @@ class ChainSession:
         if self.hidden_states is None or self.detector.reads_hidden_states or check.candidate:
             return await self._check(view, check)
         checked, features = await asyncio.gather(
-            self._check(view, check), record_features(self.hidden_states, view, check.steps)
+            self._check(view, check), read_step_features(self.hidden_states, view, check.steps)
         )
         return Checked(checked.verdicts, checked.error, checked.usage, features)
 
@@ -197,7 +203,7 @@ class ChainSession:
                 raise DetectorError(
                     f"detector {name} returned {len(result.verdicts)} verdicts for {len(check.steps)} steps"
                 )
-            return Checked(list(result.verdicts), usage=result.usage)
+            return Checked(list(result.verdicts), usage=result.usage, features=result.features)
         except DetectorError as exc:
             self.metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
             return Checked(error=exc)

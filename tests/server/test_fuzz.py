@@ -19,55 +19,45 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation import GenerationMode
 
+from faithproxy import testing
 from faithproxy.clients.vllm import _parse_chunk
-from faithproxy.faithcore.context import Usage
+from faithproxy.faithcore.correction import CorrectionCore, Rules
+from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamError
+from faithproxy.server.admission import parse_chat_body
 from faithproxy.server.app import create_app
 from faithproxy.server.limits import check_body
 from faithproxy.server.policy import RequestPolicy, policy_from_headers
-from faithproxy.server.reader import RoundReader
-from faithproxy.server.routers.chat import _parse_body
 from faithproxy.server.settings import Settings
-from tests.server.fakes import MockVLLM, completion, delta, frames, sse, streamed
+from faithproxy.testing import FakeUpstream, Sentences, error_body, frames
 
 INJECTED = "injected upstream failure"
 
 
-class FlakyVLLM(MockVLLM):
+class FlakyVLLM(FakeUpstream):
     """Healthy, except for bodies whose integer `seed` asks for a failure: seed % 7 == 3 is an HTTP 500,
-    seed % 7 == 5 a stream cut off mid-way (a deliberate upstream error, allowed to surface as 5xx)."""
+    seed % 7 == 5 a stream cut off mid-way (a deliberate upstream error, allowed to surface as 5xx).
+    Non-streamed calls are the prompt detector's self-checks: it answers like a self-checker."""
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        seed, stream = None, False
-        if request.url.path == "/v1/chat/completions":
-            try:
-                body = json.loads(request.content)
-                seed, stream = body.get("seed"), body.get("stream") is True
-            except (ValueError, AttributeError):
-                pass
+    def __init__(self) -> None:
+        super().__init__(Sentences(reply_text="FAITHFUL"))
+
+    def chat(self, body: dict[str, Any]) -> testing.Answer:
+        seed, stream = body.get("seed"), body.get("stream") is True
         if not isinstance(seed, int) or isinstance(seed, bool):
             seed = 0
         if seed % 7 == 3 or (seed % 7 == 5 and not stream):
-            self.requests.append(request)
-            error = {"error": {"message": INJECTED, "type": "InternalServerError"}}
-            return streamed(500, json.dumps(error).encode(), "application/json")
+            return testing.Answer.json(500, error_body(INJECTED, "InternalServerError"))
         if seed % 7 == 5:
-            self.requests.append(request)
-            return streamed(
-                200, sse(delta("The image shows a cat. "), delta("It sits"), done=False), "text/event-stream"
-            )
-        response = super().__call__(request)
-        if request.url.path == "/v1/chat/completions" and response.headers["content-type"] == "application/json":
-            # Non-streamed calls are the prompt detector's self-checks: answer like a self-checker.
-            return httpx.Response(200, json=completion("FAITHFUL"))
-        return response
+            cut = Sentences(["The image shows a cat. ", "It sits"], finish=None)
+            return FakeUpstream(cut, fault="truncated").chat(body)
+        return super().chat(body)
 
 
 APP = create_app(
@@ -341,7 +331,7 @@ BODY = st.fixed_dictionaries(
 @given(raw=st.binary(max_size=200) | BODY.map(lambda b: json.dumps(b).encode()))
 def test_parse_body_raises_only_policy_errors(raw: bytes) -> None:
     try:
-        body = _parse_body(raw)
+        body = parse_chat_body(raw)
     except PolicyError:
         return
     assert isinstance(body["model"], str) and body["messages"]
@@ -398,12 +388,13 @@ CHUNK = st.fixed_dictionaries(
 
 @given(payload=st.text(max_size=50) | JSON.map(json.dumps) | CHUNK.map(json.dumps))
 def test_upstream_chunks_parse_or_raise_upstream_error(payload: str) -> None:
-    """Whatever vLLM streams, the reader gets a well-formed chunk or an UpstreamError, never a crash
+    """Whatever vLLM streams, the machine gets well-formed events or the driver an UpstreamError, never a crash
     (a crash would reach the client as an internal-error frame)."""
-    reader = RoundReader(generator=None, body={}, first_index=0)  # type: ignore[arg-type]
+    wire, core = ChatChunkReader(), CorrectionCore(Rules("detect", "d"))
     try:
-        reader._on_chunk(_parse_chunk(payload))
-        Usage().add(reader._usage)  # what the session does with the round's usage
+        for event in wire.events(_parse_chunk(payload)):
+            core.receive(event)  # the machine takes whatever the wire reader made of it
+        core.receive(wire.end())  # and adds up the round's usage
     except UpstreamError:
         return
     except FaithproxyError as exc:  # pragma: no cover - reported with its type

@@ -8,7 +8,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from faithproxy.clients.vllm import VLLMClient
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.types import StepKind
 from faithproxy.server.metrics import Metrics
@@ -33,7 +33,7 @@ async def run(sentences: list[str], settings: Settings) -> tuple[ChainSession, l
     session = ChainSession(
         settings=settings,
         policy=RequestPolicy("correct", "judge", 3, None, "pass", True),
-        ctx=ChainContext("r1", "m", messages, "What colour is the car?", []),
+        view=RequestView("r1", "m", messages, "What colour is the car?"),
         generator=generator,
         detector=FlagBad(),
         regenerator=Fixer(),

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from faithproxy.clients.vllm import VLLMClient
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.policy import RequestPolicy, policy_from_headers
@@ -38,7 +38,7 @@ async def run(
     session = ChainSession(
         settings=Settings(reasoning_format=fmt),
         policy=RequestPolicy(mode, "judge", 3, None, "pass", True),  # type: ignore[arg-type]
-        ctx=ChainContext("r1", "m", messages, "What colour is the car?", []),
+        view=RequestView("r1", "m", messages, "What colour is the car?"),
         generator=generator,
         detector=FlagBad(),
         regenerator=Fixer(),

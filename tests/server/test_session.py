@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import CheckResult, Regeneration, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.metrics import Metrics
@@ -34,21 +34,21 @@ class FlagBad(Detector):
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def check(self, ctx: ChainContext, new_steps: list[Step]) -> list[Verdict]:
+    async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         self.calls.append([s.text for s in new_steps])
         out = []
         for s in new_steps:
             kind = StepKind.PERCEPTION if "car" in s.text else StepKind.REASONING
             bad = s.text == BAD
             out.append(Verdict(Faithfulness.UNFAITHFUL if bad else Faithfulness.FAITHFUL, "judge", kind=kind))
-        return out
+        return CheckResult(tuple(out))
 
 
 class Fixer(Regenerator):
     name: ClassVar[str] = "fixer"
 
-    async def regenerate(self, ctx: ChainContext, prefix: list[str], bad_step: Step, attempt: int) -> str | None:
-        return "The car is red."
+    async def regenerate(self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int) -> Regeneration:
+        return Regeneration("The car is red.")
 
 
 def sse(deltas: list[dict[str, Any]], usage: dict[str, int]) -> bytes:
@@ -70,7 +70,7 @@ async def run_session(rounds: list[bytes]) -> tuple[list[Any], list[dict[str, An
     session = ChainSession(
         settings=Settings(),
         policy=RequestPolicy("correct", "judge", 3, None, "pass", True),
-        ctx=ChainContext("r1", "m", messages, "What colour is the car?", []),
+        view=RequestView("r1", "m", messages, "What colour is the car?"),
         generator=generator,
         detector=FlagBad(),
         regenerator=Fixer(),
@@ -117,7 +117,7 @@ async def test_reasoning_channel_is_segmented_and_think_block_reopened_on_contin
     assert [(s.original_text, s.text, s.attempts) for s in fixed] == [(BAD, "The car is red.", 1)]
     # The scripted first round arrives whole, usage included, before the flagged step is judged: both
     # rounds' usage is added up.
-    assert session.ctx.usage.prompt_tokens == 35 and session.ctx.usage.completion_tokens == 15
+    assert session.result().usage["prompt_tokens"] == 35 and session.result().usage["completion_tokens"] == 15
 
 
 async def test_steps_finished_while_the_detector_works_go_in_one_call() -> None:
@@ -168,7 +168,7 @@ def make_session(
     session = ChainSession(
         settings=Settings(),
         policy=RequestPolicy(mode, "judge", 3, None, "pass", True),  # type: ignore[arg-type]
-        ctx=ChainContext("r1", "m", messages, "What colour is the car?", []),
+        view=RequestView("r1", "m", messages, "What colour is the car?"),
         generator=generator,
         detector=FlagBad(),
         regenerator=regenerator or Fixer(),
@@ -205,7 +205,7 @@ async def test_detect_mode_streams_text_at_once_and_counts_the_verdicts_that_fol
     assert sample(session, "faithproxy_steps_total", kind="perception", verdict="unfaithful", **labels) == 1
     assert sample(session, "faithproxy_steps_total", kind="perception", verdict="faithful", **labels) == 1
     assert sample(session, "faithproxy_residual_steps_total", reason="not_corrected", **labels) == 1
-    assert session.ctx.usage.completion_tokens == 3 and session.stats.rounds == 1
+    assert session.result().usage["completion_tokens"] == 3 and session.result().rounds == 1
 
 
 async def test_the_read_ahead_is_closed_before_the_flagged_step_is_regenerated() -> None:
@@ -222,9 +222,9 @@ async def test_the_read_ahead_is_closed_before_the_flagged_step_is_regenerated()
     class SeesTheStream(Fixer):
         closed_before: list[bool] = []
 
-        async def regenerate(self, ctx: ChainContext, prefix: list[str], bad_step: Step, attempt: int) -> str | None:
+        async def regenerate(self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int) -> Regeneration:
             self.closed_before.append(held.closed.is_set())
-            return await super().regenerate(ctx, prefix, bad_step, attempt)
+            return await super().regenerate(view, prefix, bad_step, attempt)
 
     session, generator = make_session(handler, regenerator=SeesTheStream())
     events = [e async for e in session.run()]
@@ -234,7 +234,7 @@ async def test_the_read_ahead_is_closed_before_the_flagged_step_is_regenerated()
     assert [e.text for e in events if isinstance(e, EmitText)] == ["I see a car.", " The car is red.", " It is parked."]
     # the aborted round reported no usage: its three text deltas stand for its tokens, counted once
     assert bodies[1]["max_tokens"] == 97
-    assert session.ctx.usage.completion_tokens == 3 + 4
+    assert session.result().usage["completion_tokens"] == 3 + 4
     assert sample(session, "faithproxy_regeneration_attempts_total", outcome="fixed") == 1
     assert sample(session, "faithproxy_regeneration_outcomes_total", outcome="fixed", attempts="1") == 1
 
