@@ -85,21 +85,19 @@ def create_app(
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
         if settings.hint_judge is not None and settings.hint_judge not in judges:
             raise ValueError(f"FAITHPROXY_HINT_JUDGE={settings.hint_judge!r} is not one of the configured judges")
-        hidden = probe = None
+        hidden = None
         if settings.hidden_states_layers:
             from faithproxy.clients.hidden_states import HiddenStatesClient
 
             hidden = HiddenStatesClient(
                 generator, settings.hidden_states_layers, keep_files=settings.hidden_states_keep_files
             )
-        if settings.probe_path:
-            from faithproxy.detectors.probe import Probe
-
-            probe = Probe.load(settings.probe_path)  # a bad file or a layer mismatch stops the start
         deps = DetectorDeps(
             judges=judges,
             default_judge=settings.default_judge,
-            probe=probe,
+            generator=generator,
+            # read by the probe's own from_deps: a bad file or a layer mismatch stops the start
+            probe_path=settings.probe_path,
             hidden=hidden,
             cascade_low=settings.cascade_low,
             cascade_high=settings.cascade_high,

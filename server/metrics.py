@@ -34,7 +34,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from faithproxy.detectors.cascade import STAGES
+from faithproxy.detectors.registry import decision_stages
 from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
 
@@ -50,7 +50,8 @@ REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
 # The error reasons are the error codes: every code an error can carry is a label, pre-initialised.
 UPSTREAM_ERRORS = tuple(code.value for code in UpstreamErrorCode)
 DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
-CASCADE_STAGES = STAGES
+# The stages a detector may report a decision for (the cascade: probe, judge), as the detectors declare them.
+CASCADE_STAGES = decision_stages()
 HINT_OUTCOMES = ("applied", "unusable", "error")
 # The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
 JUDGE_TOKEN_KINDS = {
@@ -229,7 +230,7 @@ class Metrics:
                 self.judge_tokens.labels(judge, kind)
 
     def count_judge_call(self, judge: str, call: JudgeUsage) -> None:
-        """One judge call's bill (ChainContext.judge_state.on_call)."""
+        """One judge call's bill (RequestView.judge_state.on_call)."""
         self.judge_calls.labels(judge).inc(call.calls)
         for kind, name in JUDGE_TOKEN_KINDS.items():
             self.judge_tokens.labels(judge, kind).inc(getattr(call, name))

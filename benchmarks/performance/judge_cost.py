@@ -52,13 +52,13 @@ from faithproxy.benchmarks.standins.judge_server import (
     running_judge_server,
     vllm_usage,
 )
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.images import parse_image_url
 from faithproxy.faithcore.types import Step, StepKind
+from faithproxy.testing import running_app
 from faithproxy.tinyvlm import processes
 
 LENGTHS = (20, 50, 150)
@@ -153,7 +153,7 @@ async def after_bill(protocol: str, n: int) -> Bill:
         base = url if protocol == "anthropic" else f"{url}/v1"
         config = JudgeConfig(name=protocol, backend=protocol, model="judge", base_url=base, api_key="k")  # type: ignore[arg-type]
         detector = JudgeDetector({protocol: build_judge(config)}, protocol)
-        ctx = ChainContext("bench", "m", [], QUESTION, [parse_image_url(IMAGE_URL)])
+        ctx = RequestView("bench", "m", [], QUESTION, (parse_image_url(IMAGE_URL),))
         bill = Bill(protocol, "after", n, [], [], [], 0)
         try:
             for i, text in enumerate(chain_sentences(n, SEED)):
@@ -167,7 +167,7 @@ async def after_bill(protocol: str, n: int) -> Bill:
                 )  # fmt: skip
                 bill.cached.append(after["cached_input_tokens"] - before["cached_input_tokens"])
                 bill.output.append(after["output_tokens"] - before["output_tokens"])
-                ctx.accepted.append(step)
+                ctx = ctx.with_accepted([*ctx.accepted, step])
         finally:
             await detector.aclose()
         bill.descriptions = ctx.judge_state.descriptions

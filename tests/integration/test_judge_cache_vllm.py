@@ -22,16 +22,15 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import DetectorError
 from faithproxy.faithcore.images import parse_image_url
 from faithproxy.faithcore.types import Step, StepKind
 from faithproxy.server.app import create_app
+from faithproxy.testing import metric, running_app
 from faithproxy.tinyvlm import fixture_spec as spec
-from tests.server.fakes import metric
 from tests.support import local_judge_settings, proxy_metrics, read_traces
 
 pytestmark = [pytest.mark.integration]
@@ -70,7 +69,7 @@ async def test_a_vllm_judge_serves_the_later_calls_of_a_request_from_its_prefix_
     fixture = spec.get("green_circle")
     image = parse_image_url(spec.data_url("green_circle"))
     question = f"{fixture.question} (request {id(detector)})"  # a prefix no earlier test left in the cache
-    ctx = ChainContext("judge-cache", vllm_server.model, [], question, [image])
+    ctx = RequestView("judge-cache", vllm_server.model, [], question, (image,))
     per_call: list[tuple[float, float]] = []
     try:
         for i, text in enumerate(CHAIN):
@@ -81,7 +80,7 @@ async def test_a_vllm_judge_serves_the_later_calls_of_a_request_from_its_prefix_
             assert info.value.code == "unparseable"
             after = await prefix_cache_counters(vllm_server.base_url)
             per_call.append((after[0] - before[0], after[1] - before[1]))
-            ctx.accepted.append(step)
+            ctx = ctx.with_accepted([*ctx.accepted, step])
     finally:
         await detector.aclose()
     usage = ctx.judge_state.usage

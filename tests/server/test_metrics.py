@@ -62,7 +62,7 @@ def test_label_sets_are_the_enums_and_keep_the_labels_dashboards_know() -> None:
 
 
 def test_cascade_stages_come_from_the_cascade_and_are_preinitialised() -> None:
-    assert CASCADE_STAGES is cascade.STAGES
+    assert CASCADE_STAGES == cascade.STAGES == cascade.CascadeDetector.decision_stages  # declared by the cascade
     registry = fresh([])
     for stage in cascade.STAGES:
         assert registry.get_sample_value("faithproxy_cascade_decisions_total", {"stage": stage}) == 0.0

@@ -3,7 +3,7 @@
 import pytest
 
 from faithproxy.faithcore.errors import PolicyError
-from faithproxy.server.policy import policy_from_headers
+from faithproxy.server.policy import RequestPolicy, policy_from_headers
 from faithproxy.server.settings import Settings
 
 DETECTORS = ["judge", "prompt", "none"]
@@ -68,7 +68,8 @@ def test_probe_and_cascade_thresholds_from_headers() -> None:
     p = policy({
         "x-faithproxy-probe-threshold": "0.7", "x-faithproxy-cascade-low": "0.05", "x-faithproxy-cascade-high": "0.95",
     })  # fmt: skip
-    assert (p.probe_threshold, p.cascade_low, p.cascade_high) == (0.7, 0.05, 0.95)
+    options = p.detector_options()
+    assert (options["probe_threshold"], options["cascade_low"], options["cascade_high"]) == (0.7, 0.05, 0.95)
     assert p.detector_options() == {"probe_threshold": 0.7, "cascade_low": 0.05, "cascade_high": 0.95}
     assert policy({}).detector_options() == {}  # the probe file's threshold and the server's cascade settings
 
@@ -124,13 +125,16 @@ def test_any_detector_that_uses_a_judge_is_refused_without_judges(detector: str)
 
 
 def test_judge_budget_from_settings_and_header() -> None:
-    assert policy({}).judge_budget_tokens is None
+    def budget(p: RequestPolicy) -> int | None:
+        return p.detector_options().get("judge_budget_tokens")
+
+    assert budget(policy({})) is None
     assert "judge_budget_tokens" not in policy({}).detector_options()
-    assert policy({}, judge_budget_tokens=5000).judge_budget_tokens == 5000
+    assert budget(policy({}, judge_budget_tokens=5000)) == 5000
     lowered = policy({"x-faithproxy-judge-budget": " 1200 "}, judge_budget_tokens=5000)
-    assert lowered.judge_budget_tokens == 1200 and lowered.detector_options()["judge_budget_tokens"] == 1200
-    assert policy({"x-faithproxy-judge-budget": "0"}).judge_budget_tokens == 0  # no judge call at all
-    assert policy({"x-faithproxy-judge-budget": "999999"}).judge_budget_tokens == 999999  # the server sets none
+    assert budget(lowered) == 1200 and lowered.detector_options()["judge_budget_tokens"] == 1200
+    assert budget(policy({"x-faithproxy-judge-budget": "0"})) == 0  # no judge call at all
+    assert budget(policy({"x-faithproxy-judge-budget": "999999"})) == 999999  # the server sets none
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "", "lots", "1e3", "١٢", "10000000000000"])

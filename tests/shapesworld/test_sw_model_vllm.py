@@ -151,7 +151,7 @@ async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any
     """vLLM honours `n` and the per-try seeds: a sampled try gets n rewrites, the same ones each time,
     and the regenerator hands back neither the flagged sentence nor a rejected rewrite."""
     from faithproxy.clients.vllm import VLLMClient, choice_texts
-    from faithproxy.faithcore.context import ChainContext
+    from faithproxy.faithcore.context import RequestView
     from faithproxy.faithcore.types import Step, StepKind
     from faithproxy.regenerators.prompts import build_regeneration_prompt
     from faithproxy.regenerators.reflect import ReflectRegenerator
@@ -181,10 +181,11 @@ async def test_reflect_regenerator_samples_n_rewrites_from_real_vllm(server: Any
         regenerator = ReflectRegenerator(generator, temperature=0.8, max_tokens=40, samples=4)
         step = Step(index=k, text=chain.sentences[k], raw=chain.sentences[k], kind=StepKind.PERCEPTION)
         for attempt in (1, 2, 3):
-            ctx = ChainContext("r", server.model, messages, item.question.prompt, [])
-            candidate = await regenerator.regenerate(ctx, chain.sentences[:k], step, attempt)
+            view = RequestView("r", server.model, messages, item.question.prompt)
+            rewrite = await regenerator.regenerate(view, chain.sentences[:k], step, attempt)
+            candidate = rewrite.candidate
             assert candidate is None or (candidate != step.text and candidate not in step.rejected)
-            assert ctx.usage.completion_tokens > 0
+            assert rewrite.usage.completion_tokens > 0
             if candidate is not None:
                 step.rejected.append(candidate)  # as the session does when the detector rejects it
     finally:

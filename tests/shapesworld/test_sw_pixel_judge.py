@@ -15,7 +15,7 @@ from faithproxy.benchmarks.standins.judge_server import PixelJudge, create_app, 
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.detectors.judge_prompt import build_judge_prompt
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.images import parse_image_url
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 from faithproxy.shapesworld.chains import reference_chain
@@ -65,15 +65,14 @@ def chain_with_one_wrong_step(seed: int) -> tuple[bytes, list[str], int]:
 async def test_the_pixel_judge_finds_the_contradicted_sentence(detector: JudgeDetector, seed: int) -> None:
     png, texts, wrong = chain_with_one_wrong_step(seed)
     steps = [Step(index=i, text=t, raw=t, kind=StepKind.PERCEPTION) for i, t in enumerate(texts)]
-    ctx = ChainContext(
+    view = RequestView(
         request_id=f"sw-{seed}",
         model="generator",
         messages=[],
         question="?",
-        images=[parse_image_url(data_url(png))],
-        accepted=[],
+        images=(parse_image_url(data_url(png)),),
     )
-    verdicts = await detector.check(ctx, steps)
+    verdicts = (await detector.check(view, steps)).verdicts
     got = [v.faithfulness for v in verdicts]
     assert got[:wrong] == [F] * wrong and got[wrong] is U, (texts, got)
     assert all(v is N for v in got[wrong + 1 :])  # after the first unfaithful step nothing is judged
