@@ -278,7 +278,7 @@ def _locate(value: str, sentences: list[str]) -> int | None:
     return best if best_ratio >= _FUZZY_MIN_RATIO else None
 
 
-def parse_judge_reply(reply: str, sentences: list[str]) -> JudgeReply:
+def parse_judge_reply(reply: str, sentences: list[str]) -> JudgeReply:  # noqa: C901 - a parser (ARCHITECTURE.md)
     """Parse a judge reply about `sentences`; raises only `DetectorError` (code "unparseable").
 
     Besides our own format it reads the per-sentence block format of the evaluation prompt
