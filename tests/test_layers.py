@@ -1,131 +1,307 @@
-"""The import rule of the house: every module imports only its own layer or the ones below it.
+"""The import rule of the house, read off the real import graph: each module references only what its
+layer allows.
 
-    faithcore → clients → detectors → regenerators → server      (the product, bottom to top)
-    tinyvlm → shapesworld → benchmarks                             (fixtures and measurement, above it)
-    faithproxy (cli.py, demo.py)                                   (the top: assembles the command)
+    faithcore (with faithcore.correction)   the pure domain: itself and the standard library minus I/O
+    clients                                  faithcore, clients
+    detectors                                faithcore, clients, detectors
+    regenerators                             faithcore, clients, generic detectors, regenerators
+    server                                   faithcore, clients, generic detectors and regenerators, server
+    testing (faithproxy.testing)             the product layers above, testing
+    tinyvlm → shapesworld → benchmarks       the product, testing, and the tools below them
+    faithproxy (cli.py, demo.py)             the top: assembles the command, may use anything
+
+"Generic" is the plug-in rule: `detectors.<name>` is a specific detector, which regenerators/ and server/
+may not name, when detectors/registry.py registers it (a "faithproxy.detectors.<name>:Class" entry) or a
+registered detector class is defined in it; every other detectors module (base, registry, options,
+features...) is generic. The same holds for regenerators/ and regenerators/registry.py. So the server asks
+the registries, and adding a detector touches its own file and the registry, nothing in server/.
 
 A reference counts whether it is an import statement (anywhere: inside functions and TYPE_CHECKING
 blocks too) or a string naming a module (`"faithproxy.benchmarks.standins.judge_server"` handed to
 `python -m`, a lazy registry entry "faithproxy.detectors.judge:JudgeDetector", a docstring that tells
 the reader to run one). Bare top-level names (`import server`) are refused everywhere: they import the
-repo's folders as unrelated packages, beside the installed `faithproxy.server`.
+repo's folders as unrelated packages, beside the installed `faithproxy.server`; relative imports too.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Rank of each folder: a module may reference its own rank or lower ones.
-RANKS = {
-    "faithcore": 0,
-    "clients": 1,
-    "detectors": 2,
-    "regenerators": 3,
-    "server": 4,
-    "tinyvlm": 5,
-    "shapesworld": 6,
-    "benchmarks": 7,
-    "faithproxy": 8,
+# The folders installed under faithproxy (pyproject.toml's package-dir); faithproxy/ holds the command and
+# faithproxy.testing.
+FOLDERS = ("faithcore", "clients", "detectors", "regenerators", "server", "tinyvlm", "shapesworld", "benchmarks")
+PLUGIN_LAYERS = {"detectors": "detectors/registry.py", "regenerators": "regenerators/registry.py"}
+
+ALL, GENERIC = "all", "generic"  # how much of a layer another layer may reference
+PRODUCT = {"faithcore": ALL, "clients": ALL, "detectors": ALL, "regenerators": ALL, "server": ALL}
+# Layer -> {layer it may reference: ALL of it, or only its GENERIC modules}.
+ALLOWED: dict[str, dict[str, str]] = {
+    "faithcore": {"faithcore": ALL},
+    "clients": {"faithcore": ALL, "clients": ALL},
+    "detectors": {"faithcore": ALL, "clients": ALL, "detectors": ALL},
+    "regenerators": {"faithcore": ALL, "clients": ALL, "detectors": GENERIC, "regenerators": ALL},
+    "server": {"faithcore": ALL, "clients": ALL, "detectors": GENERIC, "regenerators": GENERIC, "server": ALL},
+    "testing": PRODUCT | {"testing": ALL},
+    "tinyvlm": PRODUCT | {"testing": ALL, "tinyvlm": ALL},
+    "shapesworld": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL},
+    "benchmarks": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL, "benchmarks": ALL},
 }
-FOLDERS = [name for name in RANKS if name != "faithproxy"]
-_MODULE_IN_TEXT = re.compile(r"(?<![\w.])faithproxy\.({})\b".format("|".join(FOLDERS)))
+ALLOWED["command"] = {layer: ALL for layer in [*ALLOWED, "command"]}
+# The standard library's and the world's I/O, which the pure domain never touches (numpy, nltk are fine).
+IO_MODULES = (
+    "asyncio", "anyio", "trio", "socket", "ssl", "selectors", "socketserver", "urllib.request",
+    "httpx", "httptools", "aiohttp", "requests", "fastapi", "starlette", "uvicorn",
+)  # fmt: skip
+NO_IO_LAYERS = {"faithcore"}
+
+# A string counts when it names a module of a layer's folder: `python -m faithproxy.cli` runs the installed
+# command as a process, which any layer may do, and "faithproxy.requests" may be a logger's name.
+_MODULE_IN_TEXT = re.compile(r"(?<![\w.])faithproxy\.(?:{})(?:\.\w+)*".format("|".join([*FOLDERS, "testing"])))
 _BARE = re.compile(r"^({})(\.|$)".format("|".join(FOLDERS)))
 
 
-def _rank_of_reference(dotted: str) -> int | None:
-    """The rank a `faithproxy....` module path points into, None for anything else."""
-    parts = dotted.split(".")
-    if parts[0] != "faithproxy":
+class Reference(NamedTuple):
+    line: int
+    name: str  # a dotted module path, or ".x" for a relative import
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a `faithproxy....` module belongs to; None for the bare namespace and anything else."""
+    parts = module.split(".")
+    if parts[0] != "faithproxy" or len(parts) == 1:
         return None
-    if len(parts) == 1 or parts[1] not in RANKS:
-        return RANKS["faithproxy"]  # faithproxy.cli, faithproxy.demo, the package itself
-    return RANKS[parts[1]]
+    if parts[1] in FOLDERS or parts[1] == "testing":
+        return parts[1]
+    return "command"  # faithproxy.cli, faithproxy.demo
 
 
-def references(source: str) -> list[tuple[int, str]]:
-    """(line, dotted name) of every module this source imports or names in a string."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                found.append((node.lineno, "." * node.level + (node.module or "")))
-            elif node.module:
-                found.append((node.lineno, node.module))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            for match in _MODULE_IN_TEXT.finditer(node.value):
-                found.append((node.lineno, f"faithproxy.{match.group(1)}"))
-    return found
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts[1:] if rel.parts[0] == "faithproxy" else rel.parts)
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["faithproxy", *parts])
 
 
 def _python_files(folder: str) -> list[Path]:
     return sorted(p for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
+@functools.cache
+def product_files() -> dict[str, Path]:
+    """Every module of the installed package, by its dotted name."""
+    paths = [p for folder in (*FOLDERS, "faithproxy") for p in _python_files(folder)]
+    return {_module_name(path): path for path in paths}
 
 
-def _rel(path: Path) -> str:
-    return str(path.relative_to(REPO))
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
-def violations(source: str, rel: str, own_rank: int) -> list[str]:
-    """What in `source` (shown as `rel`) breaks the rule for a module of rank `own_rank`."""
+def _from_import(node: ast.ImportFrom, known: dict[str, Path]) -> Iterator[str]:
+    """`from a.b import c` references a.b.c where c is a module, else the name c of a.b (once)."""
+    names = {f"{node.module}.{alias.name}" for alias in node.names}
+    yield from sorted(names & known.keys())
+    if names - known.keys():
+        yield node.module or ""
+
+
+def references(tree: ast.Module, known: dict[str, Path]) -> list[Reference]:
+    """Every module this syntax tree imports (anywhere) or names in a string."""
+    found: list[Reference] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Reference(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.append(Reference(node.lineno, "." * node.level + (node.module or "")))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [Reference(node.lineno, name) for name in _from_import(node, known)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [Reference(node.lineno, m.group(0)) for m in _MODULE_IN_TEXT.finditer(node.value)]
+    return found
+
+
+def _defining_modules(module: str, cls: str, known: dict[str, Path]) -> set[str]:
+    """`module` and, where `cls` is imported into it rather than defined, the module that defines it."""
+    found = {module}
+    if module not in known:
+        return found
+    for node in _parse(known[module]).body:
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.asname or a.name == cls for a in node.names):
+            found |= _defining_modules(node.module, cls, known)
+    return found
+
+
+@functools.cache
+def specific_modules() -> frozenset[str]:
+    """The modules of registered plug-ins: their registry entries' modules and where their classes live."""
+    known = product_files()
+    found: set[str] = set()
+    for layer, registry in PLUGIN_LAYERS.items():
+        entry = re.compile(rf"^(faithproxy\.{layer}\.[\w.]+):(\w+)$")
+        for node in ast.walk(_parse(REPO / registry)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := entry.match(node.value)):
+                found |= _defining_modules(m.group(1), m.group(2), known)
+    return frozenset(found)
+
+
+def _target(name: str, known: dict[str, Path]) -> str:
+    """The longest known module `name` is in (a string may name `module:attr` or a module's attribute)."""
+    parts = name.split(".")
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[:end]) in known:
+            return ".".join(parts[:end])
+    return name
+
+
+def _io(name: str) -> bool:
+    return any(name == io or name.startswith(io + ".") for io in IO_MODULES)
+
+
+def _problem(name: str, layer: str, specific: frozenset[str], known: dict[str, Path]) -> str | None:
+    """Why referencing `name` from a module of `layer` breaks the rule, None when it does not."""
+    if name.startswith("."):
+        return f"relative import {name!r} (write the faithproxy.… path)"
+    if _BARE.match(name):
+        return f"bare top-level import {name!r} (write faithproxy.{name})"
+    if layer in NO_IO_LAYERS and _io(name):
+        return f"{name!r} is I/O, which the pure domain never does"
+    target = _target(name, known)
+    other = layer_of(target)
+    if other is None or (other == "command" and target not in known):
+        return None  # not a module of faithproxy (a logger or metric name in a string, the bare namespace)
+    reach = ALLOWED[layer].get(other)
+    if reach is None:
+        return f"{name!r}: {layer}/ may not reference {other}"
+    if reach == GENERIC and target in specific:
+        return f"{name!r} is a specific plug-in: {layer}/ asks the registry"
+    return None
+
+
+@functools.cache
+def file_references(path: Path) -> tuple[Reference, ...]:
+    """A file's references, read once for every test that asks. Its syntax tree is not kept: holding
+    every file's tree alive makes each garbage collection walk millions of nodes (3x the test's time)."""
+    return tuple(references(_parse(path), product_files()))
+
+
+def violations(refs: Iterable[Reference], rel: str, module: str) -> list[str]:
+    """What in `refs` (of the file shown as `rel`, the module `module`) breaks its layer's rule."""
+    layer = "command" if module == "faithproxy" else layer_of(module)  # the package's own __init__
+    assert layer is not None, module
+    known, specific = product_files(), specific_modules()
     problems = []
-    for line, name in references(source):
-        if name.startswith("."):
-            problems.append(f"{rel}:{line}: relative import {name!r} (write the faithproxy.… path)")
-        elif _BARE.match(name):
-            problems.append(f"{rel}:{line}: bare top-level import {name!r} (write faithproxy.{name})")
-        else:
-            rank = _rank_of_reference(name)
-            if rank is not None and rank > own_rank:
-                problems.append(f"{rel}:{line}: {name!r} is above this layer")
+    for line, name in refs:
+        problem = _problem(name, layer, specific, known)
+        if problem is not None:
+            problems.append(f"{rel}:{line}: {problem}")
     return problems
 
 
-@pytest.mark.parametrize("folder", list(RANKS))
-def test_no_module_reaches_above_its_layer(folder: str) -> None:
-    files = _python_files(folder)
-    assert files, f"no Python files under {folder}/"
-    problems = [p for path in files for p in violations(_read(path), _rel(path), RANKS[folder])]
+@pytest.mark.parametrize("folder", [*FOLDERS, "faithproxy"])
+def test_every_module_references_only_what_its_layer_allows(folder: str) -> None:
+    modules = {name: path for name, path in product_files().items() if path.is_relative_to(REPO / folder)}
+    assert modules, f"no Python files under {folder}/"
+    problems = [
+        problem
+        for name, path in modules.items()
+        for problem in violations(file_references(path), str(path.relative_to(REPO)), name)
+    ]
     assert not problems, "\n".join(problems)
+
+
+def test_the_registries_name_specific_plugins() -> None:
+    """The generic rule has something to hold: the registries' entries are found, each a real module."""
+    specific = specific_modules()
+    assert {"faithproxy.detectors.probe", "faithproxy.detectors.judge", "faithproxy.detectors.cascade"} <= specific
+    assert "faithproxy.regenerators.reflect" in specific
+    assert not {"faithproxy.detectors.base", "faithproxy.detectors.registry"} & specific
+    assert specific <= set(product_files()), sorted(specific - set(product_files()))
 
 
 def test_tests_and_scripts_use_the_namespace() -> None:
     """Tests, deploy files and scripts may import any layer, but only through `faithproxy.`."""
     files = _python_files("tests") + _python_files("deploy") + _python_files("scripts")
-    problems = [p for path in files for p in violations(_read(path), _rel(path), RANKS["faithproxy"])]
+    rel = {path: str(path.relative_to(REPO)) for path in files}
+    problems = [p for path in files for p in violations(file_references(path), rel[path], "faithproxy.cli")]
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize(
-    ("source", "rank", "expected"),
+    ("source", "module", "expected"),
     [
-        ("from faithproxy.server.app import create_app\n", RANKS["detectors"], "above this layer"),
-        ("def f():\n    import faithproxy.benchmarks.evaluation.run\n", RANKS["server"], "above this layer"),
-        ("X = 'faithproxy.tinyvlm.serve'\n", RANKS["clients"], "above this layer"),
-        ("'''Run python -m faithproxy.shapesworld.model.train.'''\n", RANKS["server"], "above this layer"),
-        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from faithproxy.cli import main\n",
-         RANKS["benchmarks"], "above this layer"),  # fmt: skip
-        ("from server.settings import Settings\n", RANKS["faithproxy"], "bare top-level import"),
-        ("import benchmarks\n", RANKS["faithproxy"], "bare top-level import"),
-        ("from . import base\n", RANKS["detectors"], "relative import"),
-        ("from faithproxy.faithcore.types import Step\n", RANKS["clients"], None),
-        ("from faithproxy.detectors.base import Detector\n", RANKS["detectors"], None),
-        ("log = 'server.log'\n", RANKS["faithcore"], None),
+        # a server module that names one detector (the back door issue 28 closes)
+        ("from faithproxy.detectors.probe import Probe\n", "faithproxy.server.session", "specific plug-in"),
+        ("from faithproxy.detectors import probe\n", "faithproxy.server.app", "specific plug-in"),
+        ("X = 'faithproxy.detectors.cascade:CascadeDetector'\n", "faithproxy.server.metrics", "specific plug-in"),
+        (
+            "from faithproxy.regenerators.reflect import ReflectRegenerator\n",
+            "faithproxy.server.app",
+            "specific plug-in",
+        ),
+        ("from faithproxy.detectors.judge import JudgeDetector\n", "faithproxy.regenerators.base", "specific plug-in"),
+        # the pure core: no I/O, nothing above it
+        ("import asyncio\n", "faithproxy.faithcore.correction.machine", "is I/O"),
+        ("def f():\n    from asyncio import Queue\n", "faithproxy.faithcore.segmenter", "is I/O"),
+        ("import httpx\n", "faithproxy.faithcore.correction.rules", "is I/O"),
+        ("from faithproxy.server.x import y\n", "faithproxy.faithcore.types", "may not reference server"),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from faithproxy.clients.vllm import VLLMClient\n",
+            "faithproxy.faithcore.correction.machine",
+            "may not reference clients",
+        ),
+        # the tools above the product
+        (
+            "'''Renders with faithproxy.shapesworld.scenes.'''\n",
+            "faithproxy.server.reader",
+            "may not reference shapesworld",
+        ),
+        (
+            "def f():\n    import faithproxy.benchmarks.evaluation.run\n",
+            "faithproxy.server.app",
+            "may not reference benchmarks",
+        ),
+        ("from faithproxy.testing import upstream\n", "faithproxy.server.app", "may not reference testing"),
+        (
+            "from faithproxy.benchmarks.standins import judge_server\n",
+            "faithproxy.testing.faults",
+            "may not reference benchmarks",
+        ),
+        ("X = 'faithproxy.tinyvlm.serve'\n", "faithproxy.clients.vllm", "may not reference tinyvlm"),
+        ("from faithproxy.server.app import create_app\n", "faithproxy.detectors.judge", "may not reference server"),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from faithproxy.cli import main\n",
+            "faithproxy.benchmarks.evaluation.cli",
+            "may not reference command",
+        ),
+        ("from server.settings import Settings\n", "faithproxy.cli", "bare top-level import"),
+        ("import benchmarks\n", "faithproxy.cli", "bare top-level import"),
+        ("from . import base\n", "faithproxy.detectors.judge", "relative import"),
+        # what the layers may do
+        ("from faithproxy.detectors.base import Detector\n", "faithproxy.server.app", None),
+        ("from faithproxy.detectors.registry import DETECTORS\n", "faithproxy.regenerators.reflect", None),
+        ("from faithproxy.regenerators.registry import build_regenerator\n", "faithproxy.server.app", None),
+        ("from faithproxy.detectors.probe import Probe\n", "faithproxy.detectors.cascade", None),
+        ("from faithproxy.faithcore.types import Step\n", "faithproxy.clients.vllm", None),
+        ("import numpy as np\nimport nltk\n", "faithproxy.faithcore.correction.machine", None),
+        ("from faithproxy.server.app import create_app\n", "faithproxy.testing.upstream", None),
+        ("from faithproxy.testing import upstream\n", "faithproxy.tinyvlm.serve", None),
+        ("from faithproxy.shapesworld.scenes import render\n", "faithproxy.benchmarks.evaluation.cli", None),
+        ("log = 'server.log'\n", "faithproxy.faithcore.types", None),
+        ("NAME = 'faithproxy.requests'\n", "faithproxy.faithcore.types", None),  # a logger, not a module
     ],
 )
-def test_the_rule_itself(source: str, rank: int, expected: str | None) -> None:
-    """The checker catches each kind of upward reference and lets downward ones through."""
-    problems = violations(source, "probe.py", rank)
+def test_the_rule_itself(source: str, module: str, expected: str | None) -> None:
+    """The checker catches each kind of forbidden reference and lets the allowed ones through."""
+    problems = violations(references(ast.parse(source), product_files()), "planted.py", module)
     if expected is None:
         assert problems == []
     else:
