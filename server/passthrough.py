@@ -2,27 +2,25 @@
 
 `OffModeMiddleware` sits inside the limit middleware (size, API keys, concurrency) and in front of
 FastAPI's router. A POST to /v1/chat/completions whose mode is `off` (its X-Faithproxy-Mode header, or
-the server's default when it has none) is served here: the body is checked and settled as the router
-does it (JSON object, messages, model, stream; the image and max_tokens limits; every X-Faithproxy-*
-header; media URLs under the image-URL policy of server/image_urls.py), then `Passthrough` forwards it.
-Everything else goes on to the router untouched (the router's own off branch, for a header value the
-middleware does not read as `off`, answers with the same `Passthrough`). What this skips is FastAPI's routing and
-dependency injection, starlette's response classes, an anyio task group per stream and httpx: most of
-the CPU a pass-through request cost (docs/benchmarks.md, issue 22).
+the server's default when it has none) is served here: it is admitted by the one admission path
+(server/admission.py, as the router admits it: the body, the limits, every X-Faithproxy-* header, media
+URLs under the image-URL policy), then `Passthrough` forwards it. Everything else goes on to the router
+untouched (the router's own off branch, for a header value the middleware does not read as `off`,
+answers with the same `Passthrough`). What this skips is FastAPI's routing and dependency injection,
+starlette's response classes, an anyio task group per stream and httpx: most of the CPU a pass-through
+request cost (docs/benchmarks.md, issue 22).
 
 A response is what vLLM sent, byte for byte, status and content type included, plus the
 X-Faithproxy-Request-Id and X-Faithproxy-Mode headers. A stream that breaks, stalls or ends without
 `data: [DONE]` gets a final error frame and `data: [DONE]`; an upstream that cannot be reached is an
-HTTP error. Each request is counted and traced once, like any other (the record's fields are those of
-server/responses.py with no session).
+HTTP error. Each request is counted and traced once, like any other, by server/traces.py's
+`finish_request` (a record with no session).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -31,41 +29,16 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamError, UpstreamErrorCode
+from faithproxy.faithcore.errors import FaithproxyError, UpstreamError, UpstreamErrorCode
+from faithproxy.server.admission import Admitted, admit, arrival, count_refused, parse_chat_body
 from faithproxy.server.errors import error_body, error_frame
-from faithproxy.server.image_urls import settle_media_urls
-from faithproxy.server.limits import CHAT_PATH, check_body
-from faithproxy.server.metrics import upstream_error_label
-from faithproxy.server.policy import HEADER_MODE, RequestPolicy, policy_from_headers
-
-log = logging.getLogger("faithproxy")
+from faithproxy.server.limits import CHAT_PATH
+from faithproxy.server.policy import HEADER_MODE
+from faithproxy.server.traces import RequestTrace, finish_request
 
 _DONE = b"data: [DONE]\n\n"
 _MODE_HEADER = HEADER_MODE.encode()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
-
-
-def request_id() -> str:
-    """24 hex digits, like the ids of the full path."""
-    return os.urandom(12).hex()
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as the chat router accepts it, else a PolicyError (400)."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise PolicyError("Request body must be a JSON object", code="invalid_json")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise PolicyError("'model' must be a non-empty string", param="model")
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise PolicyError("'stream' must be a boolean", param="stream")  # null means false, as for OpenAI
-    return body
 
 
 class Passthrough(Response):
@@ -75,25 +48,11 @@ class Passthrough(Response):
     none of Response's own machinery is used.
     """
 
-    def __init__(  # Response.__init__ is not called: it builds a body this class never has
-        self,
-        state: Any,  # server.state.AppState (not imported: this module stays light)
-        policy: RequestPolicy,
-        body: dict[str, Any],
-        raw: bytes,
-        *,
-        request_id: str,
-        started: float,
-        started_wall: float,
-    ) -> None:
+    # Response.__init__ is not called: it builds a body this class never has. `state` is the
+    # server.state.AppState, not imported: this module stays light.
+    def __init__(self, state: Any, admitted: Admitted) -> None:
         self.state = state
-        self.policy = policy
-        self.body = body
-        self.raw = raw
-        self.stream = bool(body.get("stream"))
-        self.request_id = request_id
-        self.started = started
-        self.started_wall = started_wall
+        self.admitted = admitted
         self.ttft: float | None = None
         self.error: FaithproxyError | None = None
         self.disconnected = False
@@ -102,7 +61,7 @@ class Passthrough(Response):
         self.background = None
 
     def _headers(self, upstream_headers: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
-        out = [(b"x-faithproxy-request-id", self.request_id.encode()), (b"x-faithproxy-mode", b"off")]
+        out = [(b"x-faithproxy-request-id", self.admitted.request_id.encode()), (b"x-faithproxy-mode", b"off")]
         content_type = upstream_headers.get("content-type") if upstream_headers is not None else None
         if content_type is not None:
             out.append((b"content-type", content_type.encode("latin-1")))
@@ -110,7 +69,7 @@ class Passthrough(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            upstream = await self.state.generator.open_chat(self.raw, stream=self.stream)
+            upstream = await self.state.generator.open_chat(self.admitted.raw, stream=self.admitted.stream)
         except UpstreamError as exc:
             self.error = exc
             self._finish()
@@ -126,7 +85,7 @@ class Passthrough(Response):
             raise
         self.status = upstream.status
         try:
-            if self.stream:
+            if self.admitted.stream:
                 await self._stream(upstream, receive, send)
             else:
                 await self._whole(upstream, send)
@@ -135,11 +94,7 @@ class Passthrough(Response):
             self._finish()
 
     async def _send_error(self, send: Send, exc: FaithproxyError) -> None:
-        content = json.dumps(error_body(exc)).encode()
-        headers = self._headers({"content-type": "application/json"})
-        headers.append((b"content-length", str(len(content)).encode()))
-        await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": content, "more_body": False})
+        await _send_error(send, exc, self._headers({"content-type": "application/json"}))
 
     async def _whole(self, upstream: Any, send: Send) -> None:
         try:
@@ -173,7 +128,7 @@ class Passthrough(Response):
         try:
             async for data in upstream.iter_raw():
                 if self.ttft is None:
-                    self.ttft = time.perf_counter() - self.started
+                    self.ttft = time.perf_counter() - self.admitted.started
                     self.state.metrics.ttft.labels("off").observe(self.ttft)
                 tail = data if len(data) >= 32 else (tail + data)[-32:]  # the stream's last bytes, uncopied
                 await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -212,49 +167,8 @@ class Passthrough(Response):
         if self._finished:
             return
         self._finished = True
-        metrics = self.state.metrics
-        duration = time.perf_counter() - self.started
-        status = self.status
-        if self.error is not None:
-            status = self.error.status_code
-            if isinstance(self.error, UpstreamError):
-                metrics.upstream_errors.labels(upstream_error_label(self.error)).inc()
-        status_class = "disconnected" if self.disconnected else f"{status // 100}xx"
-        metrics.requests.labels("off", self.policy.detector, status_class).inc()
-        metrics.request_duration.labels("off", "true" if self.stream else "false").observe(duration)
-        if self.state.tracer.path is not None:
-            self._write_trace(duration)
-
-    def _write_trace(self, duration: float) -> None:
-        record: dict[str, Any] = {
-            "id": self.request_id,
-            "time": self.started_wall,
-            "model": self.body.get("model"),
-            "mode": "off",
-            "detector": self.policy.detector,
-            "judge": self.policy.judge,
-            "stream": self.stream,
-            "prompt": None,
-            "images": [],
-            "steps": [],
-            "answer": None,
-            "reasoning": None,
-            "summary": None,
-            "usage": None,
-            "timings": {
-                "duration_s": round(duration, 6),
-                "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
-                "verification_s": 0.0,
-            },
-            "hints": None,
-            "judge_usage": None,
-            "disconnected": self.disconnected,
-            "error": error_body(self.error)["error"] if self.error else None,
-        }
-        try:
-            self.state.tracer.write(record)
-        except OSError:
-            log.exception("could not write the trace of %s", self.request_id)
+        trace = RequestTrace(self.admitted, self.status, self.ttft, self.error, self.disconnected)
+        finish_request(trace, self.state.metrics, self.state.tracer)
 
 
 class OffModeMiddleware:
@@ -284,36 +198,25 @@ class OffModeMiddleware:
         if state is None:  # no lifespan ran: the router answers as it would
             await self.app(scope, receive, send)
             return
-        started, started_wall = time.perf_counter(), time.time()
+        started = arrival()
         try:
             raw = await _read_body(receive)
             if raw is None:
                 return  # the client left before sending its body
-            body = parse_body(raw)
-            changed = check_body(body, state.settings)  # True: the max_tokens cap was added
-            policy = policy_from_headers(
-                Headers(scope=scope),
-                state.settings,
-                detectors=state.detectors,
-                judges=state.judges,
-                hints_available=state.hint_llm is not None,
-            )
-            # As on the full path: no client-chosen media URL reaches vLLM unchecked (server/image_urls.py).
-            changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
-            if changed:
-                raw = json.dumps(body).encode()  # forward the body as settled
+            admitted = await admit(raw, Headers(scope=scope), state, parse_chat_body, started=started)
         except FaithproxyError as exc:
-            label = "rejected" if isinstance(exc, PolicyError) else "unknown"
-            state.metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx").inc()
-            content = json.dumps(error_body(exc)).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
-            await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
+            count_refused(state.metrics, exc)
+            await _send_error(send, exc, [(b"content-type", b"application/json")])
             return
-        passthrough = Passthrough(
-            state, policy, body, raw, request_id=request_id(), started=started, started_wall=started_wall
-        )
-        await passthrough(scope, receive, send)
+        await Passthrough(state, admitted)(scope, receive, send)
+
+
+async def _send_error(send: Send, exc: FaithproxyError, headers: list[tuple[bytes, bytes]]) -> None:
+    """The error as one JSON body, before any other byte of the response."""
+    content = json.dumps(error_body(exc)).encode()
+    headers.append((b"content-length", str(len(content)).encode()))
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -10,38 +10,38 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from faithproxy.faithcore.context import ChainContext
-from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError, UpstreamError
+from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError
 from faithproxy.faithcore.images import images_in_messages, last_user_text
-from faithproxy.server.errors import error_body, error_frame, error_response
+from faithproxy.server.admission import Admitted
+from faithproxy.server.errors import error_frame, error_response
 from faithproxy.server.hints import apply_hints, collect_hints
-from faithproxy.server.metrics import upstream_error_label
-from faithproxy.server.policy import RequestPolicy
 from faithproxy.server.reports import report
 from faithproxy.server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
 from faithproxy.server.sse import DONE, ChunkFactory, frame
 from faithproxy.server.state import AppState
-from faithproxy.server.summary import step_annotation, summarize, trace_steps
+from faithproxy.server.summary import step_annotation, summarize
+from faithproxy.server.traces import RequestTrace, finish_request
 
 log = logging.getLogger("faithproxy")
 
 
 class ChatServing:
-    def __init__(self, state: AppState, policy: RequestPolicy, body: dict[str, Any], raw: bytes) -> None:
+    def __init__(self, state: AppState, admitted: Admitted) -> None:
         self.state = state
-        self.policy = policy
-        self.body = body
-        self.raw = raw
-        self.stream = bool(body.get("stream"))
-        self.request_id = uuid.uuid4().hex[:24]
-        self.started = time.perf_counter()
-        self.started_wall = time.time()
+        self.admitted = admitted
+        self.policy = admitted.policy
+        self.body = admitted.body
+        self.raw = admitted.raw
+        self.stream = admitted.stream
+        self.request_id = admitted.request_id
+        self.started = admitted.started
+        self.started_wall = admitted.started_wall
         self.ttft: float | None = None
         self.error: FaithproxyError | None = None
         self.disconnected = False
@@ -230,15 +230,7 @@ class ChatServing:
         ASGI); those that do (an http(s) image URL) are answered by the same code."""
         from faithproxy.server.passthrough import Passthrough
 
-        return Passthrough(
-            self.state,
-            self.policy,
-            self.body,
-            self.raw,
-            request_id=self.request_id,
-            started=self.started,
-            started_wall=self.started_wall,
-        )
+        return Passthrough(self.state, self.admitted)
 
     # ---- accounting ---------------------------------------------------------------------------
 
@@ -261,70 +253,48 @@ class ChatServing:
             return
         self._finished = True
         metrics = self.state.metrics
-        duration = time.perf_counter() - self.started
+        trace = self._trace(status or 200)
         if self.session is not None:
             metrics.in_flight.dec()
-        if self.error is not None:
-            status = self.error.status_code
-            if isinstance(self.error, UpstreamError):
-                metrics.upstream_errors.labels(upstream_error_label(self.error)).inc()
-        status_class = "disconnected" if self.disconnected else f"{(status or 200) // 100}xx"
-        metrics.requests.labels(self.policy.mode, self.policy.detector, status_class).inc()
-        metrics.request_duration.labels(self.policy.mode, str(self.stream).lower()).observe(duration)
-        if self.session is not None:
-            metrics.verification_seconds.labels(self.policy.mode).inc(self.session.stats.verification_s)
-        summary = self._summary() if self.session is not None else None  # the steps are final now
-        if self.state.tracer.path is not None:  # no record built for a server that writes no traces
-            self._write_trace(duration, summary)
-        if summary is not None and self.state.reports is not None:
-            self.state.reports.put(self.request_id, self._report(summary))
+            metrics.verification_seconds.labels(self.policy.mode).inc(trace.verification_s)
+        finish_request(trace, metrics, self.state.tracer)
+        if trace.summary is not None and self.state.reports is not None:
+            self.state.reports.put(self.request_id, self._report(trace))
 
-    def _report(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def _report(self, trace: RequestTrace) -> dict[str, Any]:
         """What GET /v1/faithfulness/{request_id} returns for this request (server/reports.py)."""
-        assert self.session is not None
+        assert self.session is not None and trace.summary is not None
         return report(
             request_id=self.request_id,
             created=self.started_wall,
             model=self.body.get("model"),
             stream=self.stream,
             judge=self.policy.judge,
-            summary=summary,
+            summary=trace.summary,
             texts=[(step.text, step.channel.value) for step in self.session.steps],
             outcome="disconnected" if self.disconnected else "failed" if self.error is not None else "completed",
-            error=error_body(self.error)["error"] if self.error is not None else None,
+            error=trace.error_record,
         )
 
-    def _write_trace(self, duration: float, summary: dict[str, Any] | None) -> None:
+    def _trace(self, status: int) -> RequestTrace:
+        """The values server/traces.py counts and writes: a session's only when one ran (its steps are
+        final by now)."""
+        trace = RequestTrace(self.admitted, status, self.ttft, self.error, self.disconnected, self.hints)
         s = self.session
-        record: dict[str, Any] = {
-            "id": self.request_id,
-            "time": self.started_wall,
-            "model": self.body.get("model"),
-            "mode": self.policy.mode,
-            "detector": self.policy.detector,
-            "judge": self.policy.judge,
-            "stream": self.stream,
-            "prompt": s.ctx.question if s else None,
-            "images": [i.sha256 for i in s.ctx.images] if s else [],
-            "steps": trace_steps(s.steps) if s else [],
-            "answer": self.answer.get("content", "") if s else None,
-            "reasoning": self.answer.get("reasoning") or self.answer.get("reasoning_content") if s else None,
-            "summary": summary,
-            "usage": s.ctx.usage.as_dict() if s else None,
-            "judge_usage": s.ctx.judge_state.summary() if s else None,
-            "timings": {
-                "duration_s": round(duration, 6),
-                "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
-                "verification_s": round(s.stats.verification_s, 6) if s else 0.0,
-            },
-            "hints": self.hints,
-            "disconnected": self.disconnected,
-            "error": error_body(self.error)["error"] if self.error else None,
-        }
-        try:
-            self.state.tracer.write(record)
-        except OSError:
-            log.exception("could not write the trace of %s", self.request_id)
+        if s is None:
+            return trace
+        return dataclasses.replace(
+            trace,
+            question=s.view.question,
+            image_hashes=[i.sha256 for i in s.view.images],
+            steps=s.steps,
+            answer=self.answer.get("content", ""),
+            reasoning=self.answer.get("reasoning") or self.answer.get("reasoning_content"),
+            summary=self._summary(),
+            usage=dict(s.result().usage),
+            judge_usage=s.view.judge_state.summary(),
+            verification_s=s.verification_s,
+        )
 
 
 async def _aclose(events: AsyncIterator[Emit]) -> None:

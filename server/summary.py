@@ -1,4 +1,4 @@
-"""The `faithfulness` summary sent to the client and the trace record written for each request.
+"""The `faithfulness` summary sent to the client, and the steps of each request's trace record (server/traces.py).
 
 The summary's `judge` block is the request's judge bill (faithcore.context.JudgeState.summary): calls,
 input_tokens (fresh prompt tokens), cached_input_tokens (read from the judge's prompt cache),
@@ -9,6 +9,7 @@ judge budget was spent). All zero for a detector that calls no judge.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind
@@ -68,7 +69,7 @@ def summarize(
     }
 
 
-def trace_steps(steps: list[Step]) -> list[dict[str, Any]]:
+def trace_steps(steps: Sequence[Step]) -> list[dict[str, Any]]:
     out = []
     for s in steps:
         out.append(

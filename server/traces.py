@@ -1,4 +1,6 @@
-"""Trace records: one JSON line per request, appended to a file, safe under concurrent requests.
+"""Trace records: one JSON line per request, appended to a file, safe under concurrent requests; and
+`finish_request`, the one place a finished request is counted and its record written, whichever door
+or mode served it.
 
 Schema version 1 (fields): version, id, time (unix seconds, start), model, mode, detector, judge,
 prompt (the last user message's text), images (sha256 list, never the bytes), steps (index, channel,
@@ -12,12 +14,28 @@ bill beside `usage`, so generator and judge tokens read side by side).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
+from faithproxy.server.errors import error_body
+from faithproxy.server.metrics import upstream_error_label
+from faithproxy.server.summary import trace_steps
+
+if TYPE_CHECKING:
+    from faithproxy.faithcore.types import Step
+    from faithproxy.server.admission import Admitted
+    from faithproxy.server.metrics import Metrics
 
 TRACE_SCHEMA_VERSION = 1
+
+log = logging.getLogger("faithproxy")
 
 
 class TraceWriter:
@@ -43,3 +61,83 @@ class TraceWriter:
                     written += os.write(fd, line[written:])
             finally:
                 os.close(fd)
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """How one admitted request ended, in plain values. The fields after `disconnected` are what a
+    correction session did; their defaults are a request that had none (off mode, or one that failed
+    before its session started)."""
+
+    admitted: Admitted
+    status: int = 200  # the HTTP status sent; an error's own status wins
+    ttft: float | None = None  # seconds from arrival to the first byte of the answer
+    error: FaithproxyError | None = None
+    disconnected: bool = False
+    hints: dict[str, Any] | None = None  # what the hint stage did (server/hints.py)
+    question: str | None = None
+    image_hashes: Sequence[str] = ()
+    steps: Sequence[Step] = ()  # turned into the record's step dicts only when a record is written
+    answer: str | None = None
+    reasoning: str | None = None
+    summary: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    judge_usage: dict[str, Any] | None = None
+    verification_s: float = 0.0
+
+    @property
+    def error_record(self) -> dict[str, Any] | None:
+        """The error as the client was told it (the OpenAI `error` object), or None."""
+        return error_body(self.error)["error"] if self.error is not None else None
+
+    def record(self, duration: float) -> dict[str, Any]:
+        """The trace line's fields (TraceWriter adds `version`)."""
+        admitted = self.admitted
+        policy = admitted.policy
+        return {
+            "id": admitted.request_id,
+            "time": admitted.started_wall,
+            "model": admitted.body.get("model"),
+            "mode": policy.mode,
+            "detector": policy.detector,
+            "judge": policy.judge,
+            "stream": admitted.stream,
+            "prompt": self.question,
+            "images": list(self.image_hashes),
+            "steps": trace_steps(self.steps),
+            "answer": self.answer,
+            "reasoning": self.reasoning,
+            "summary": self.summary,
+            "usage": self.usage,
+            "judge_usage": self.judge_usage,
+            "timings": {
+                "duration_s": round(duration, 6),
+                "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
+                "verification_s": round(self.verification_s, 6),
+            },
+            "hints": self.hints,
+            "disconnected": self.disconnected,
+            "error": self.error_record,
+        }
+
+
+def finish_request(trace: RequestTrace, metrics: Metrics, tracer: TraceWriter) -> None:
+    """Counts a finished request (requests by status class, duration, an upstream error's reason) and
+    writes its trace record when the server keeps traces. Call it once per request."""
+    admitted = trace.admitted
+    mode = admitted.policy.mode
+    duration = time.perf_counter() - admitted.started
+    status = trace.status
+    if trace.error is not None:
+        status = trace.error.status_code
+        if isinstance(trace.error, UpstreamError):
+            metrics.upstream_errors.labels(upstream_error_label(trace.error)).inc()
+    status_class = "disconnected" if trace.disconnected else f"{status // 100}xx"
+    metrics.requests.labels(mode, admitted.policy.detector, status_class).inc()
+    metrics.request_duration.labels(mode, "true" if admitted.stream else "false").observe(duration)
+    if tracer.path is None:  # no record built for a server that writes no traces
+        return
+    try:
+        tracer.write(trace.record(duration))
+    except OSError:
+        log.exception("could not write the trace of %s", admitted.request_id)
