@@ -29,14 +29,13 @@ from hypothesis import strategies as st
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.image_fetch import FetchPolicy, ImageFetcher, host_allowed, is_public
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.faithcore.errors import ImageRefused
 from faithproxy.faithcore.images import parse_image_url
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
-from tests.server.fakes import MockVLLM
+from faithproxy.testing import FakeUpstream, running_app
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -402,9 +401,9 @@ async def test_refusal_names_the_image(server: tuple[str, FastAPI]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp_path: Path, fetch_images: bool, **overrides: Any) -> AsyncIterator[tuple[str, Any, MockVLLM]]:
+async def stack(tmp_path: Path, fetch_images: bool, **overrides: Any) -> AsyncIterator[tuple[str, Any, FakeUpstream]]:
     judge_app = create_judge_app({"unfaithful": []})
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with running_judge_server(judge_app) as judge_url:
         judge = JudgeConfig(
             name="claude",

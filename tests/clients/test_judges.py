@@ -22,7 +22,6 @@ from faithproxy.benchmarks.standins.judge_server import (
     create_app,
     running_judge_server,
 )
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.anthropic_judge import AnthropicJudge, text_blocks
 from faithproxy.clients.judge_base import TextBlock, TokenCounts
 from faithproxy.clients.judges import (
@@ -36,6 +35,7 @@ from faithproxy.clients.judges import (
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt, build_judge_turn
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import parse_image_url
+from faithproxy.testing import running_app
 from tests.support import local_judge_config
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="

@@ -30,11 +30,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.types import StepKind
 from faithproxy.server.app import create_app
+from faithproxy.testing import running_app
 from faithproxy.tinyvlm import fixture_spec as spec
 from tests.deploy import assets
 from tests.deploy.prometheus_server import PrometheusError, PrometheusServer, render_config, start_prometheus

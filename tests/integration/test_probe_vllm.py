@@ -23,12 +23,11 @@ from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.probes import probe_bench, probe_cli
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.hidden_states import HiddenStatesClient, read_hidden_states, server_args
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.server.app import create_app
+from faithproxy.testing import metric, running_app
 from faithproxy.tinyvlm import fixture_spec as spec
-from tests.server.fakes import metric
 from tests.support import local_judge_settings, proxy_metrics, read_traces
 
 pytestmark = [pytest.mark.integration]

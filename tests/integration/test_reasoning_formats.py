@@ -44,9 +44,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.faithcore.types import Channel
 from faithproxy.server.app import create_app
+from faithproxy.testing import running_app
 from faithproxy.tinyvlm import chat_templates as templates
 from faithproxy.tinyvlm import fixture_spec as spec
 from faithproxy.tinyvlm import formats_spec as fs

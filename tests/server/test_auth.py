@@ -18,12 +18,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.auth import APIKeyMiddleware
 from faithproxy.server.settings import Settings
-from tests.server.fakes import MockVLLM, frames
+from faithproxy.testing import FakeUpstream, frames, running_app
 
 CLIENT_KEY = "fp-client-key-0123456789abcdef"
 OTHER_CLIENT_KEY = "fp-second-client-key-zyxwvu"
@@ -34,14 +33,14 @@ NO_DETECTOR = {"x-faithproxy-detector": "none"}
 
 
 @contextlib.asynccontextmanager
-async def proxy(tmp_path: Path, vllm: MockVLLM | None = None, **overrides: Any) -> AsyncIterator[str]:
+async def proxy(tmp_path: Path, vllm: FakeUpstream | None = None, **overrides: Any) -> AsyncIterator[str]:
     settings = Settings(
         upstream_url="http://vllm.test",
         trace_path=str(tmp_path / "traces.jsonl"),
         api_keys=[CLIENT_KEY, OTHER_CLIENT_KEY],
         **overrides,
     )
-    app = create_app(settings, upstream_transport=(vllm or MockVLLM()).transport())
+    app = create_app(settings, upstream_transport=(vllm or FakeUpstream()).transport())
     async with running_app(app) as url:
         yield url
 
@@ -63,7 +62,7 @@ def bearer(key: str) -> dict[str, str]:
 async def test_missing_or_wrong_key_is_401_in_openai_format(
     tmp_path: Path, headers: dict[str, str], message: str
 ) -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(tmp_path, vllm) as url, httpx.AsyncClient() as http:
         response = await http.post(f"{url}/v1/chat/completions", json=BODY, headers={**NO_DETECTOR, **headers})
     assert response.status_code == 401
@@ -107,7 +106,7 @@ async def test_metrics_can_require_the_key(tmp_path: Path) -> None:
 
 
 async def test_no_keys_configured_means_no_auth(tmp_path: Path) -> None:
-    app = create_app(Settings(upstream_url="http://vllm.test"), upstream_transport=MockVLLM().transport())
+    app = create_app(Settings(upstream_url="http://vllm.test"), upstream_transport=FakeUpstream().transport())
     async with running_app(app) as url, httpx.AsyncClient() as http:
         response = await http.post(f"{url}/v1/chat/completions", json=BODY, headers=NO_DETECTOR)
     assert response.status_code == 200
@@ -152,7 +151,7 @@ async def test_keys_go_only_to_their_party_and_never_into_traces_or_logs(
     judge_headers: list[dict[str, str]] = []
     judge_app = create_judge_app({"unfaithful": []})
     judge_app.add_middleware(HeaderRecorder, seen=judge_headers)
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with running_judge_server(judge_app) as judge_url:
         judge = JudgeConfig(
             name="j",

@@ -21,16 +21,14 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from faithproxy.benchmarks.standins.judge_server import JudgeServerState
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.metrics import UPSTREAM_ERRORS
 from faithproxy.server.settings import Settings
-from tests.server.fakes import fault_vllm_app, frames, metric, threaded_app
+from faithproxy.testing import FakeUpstream, Sentences, frames, metric, running_app, threaded_app
 
 DEADLINE_S = 15
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
@@ -41,7 +39,7 @@ STALLED = "stalled" if "stalled" in UPSTREAM_ERRORS else "other"
 @dataclass
 class Stack:
     proxy_url: str
-    vllm: FastAPI
+    vllm: FakeUpstream
     judge: JudgeServerState
     trace_path: Path
 
@@ -73,10 +71,10 @@ def free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def stack(tmp_path: Path, *, refuse: bool = False) -> AsyncIterator[Stack]:
-    vllm = fault_vllm_app()
+    vllm = FakeUpstream()
     judge_app = create_judge_app({"unfaithful": []})
     with (
-        threaded_app(vllm, on_exit=vllm.state.release.set) as vllm_url,
+        threaded_app(vllm, on_exit=vllm.release) as vllm_url,
         threaded_app(judge_app, on_exit=lambda: judge_app.state.judge.release.set()) as judge_url,
     ):
         judge = JudgeConfig(
@@ -152,7 +150,7 @@ async def test_vllm_faults(
     tmp_path: Path, fault: str, mode: str, stream: bool, status: int, code: str | None, label: str | None
 ) -> None:
     async with stack(tmp_path, refuse=fault == "refused") as s, no_leftover_tasks():
-        s.vllm.state.fault = fault
+        s.vllm.fault = fault  # type: ignore[assignment]
         response = await s.post({**BODY, "stream": stream}, {**NO_DETECTOR, "x-faithproxy-mode": mode})
         (trace,) = await s.traces()
         metrics = await s.metrics()
@@ -177,7 +175,7 @@ async def test_vllm_faults(
     if label is not None:
         assert metric(metrics, "faithproxy_upstream_errors_total", reason=label) == 1
     if fault == "stall_mid_stream":
-        await _until(lambda: s.vllm.state.aborted == 1)  # the proxy hung up: vLLM aborts the generation
+        await _until(lambda: s.vllm.aborted == 1)  # the proxy hung up: vLLM aborts the generation
 
 
 async def _until(condition: Any) -> None:
@@ -190,10 +188,10 @@ async def _until(condition: Any) -> None:
 
 @pytest.mark.parametrize("mode", ["correct", "off"])
 async def test_a_slow_healthy_stream_outlives_the_idle_timeout(tmp_path: Path, mode: str) -> None:
-    """The idle timeout (0.5 s here) bounds the silence between reads, not the stream: 8 pauses of
-    0.25 s (2 s in all) pass."""
+    """The idle timeout (0.5 s here) bounds the silence between reads, not the stream: 10 pauses of
+    0.25 s (2.5 s in all) pass."""
     async with stack(tmp_path) as s, no_leftover_tasks():
-        s.vllm.state.repeat, s.vllm.state.gap_s = 9, 0.25
+        s.vllm.script = Sentences.repeating(9, gap_s=0.25)
         response = await s.post(BODY, {**NO_DETECTOR, "x-faithproxy-mode": mode})
         (trace,) = await s.traces()
     data = frames(response.text)
@@ -251,7 +249,7 @@ async def test_judge_fault_with_fail_policy_fails_the_request(
 
 async def test_client_disconnect_mid_stream(tmp_path: Path) -> None:
     async with stack(tmp_path) as s, no_leftover_tasks():
-        s.vllm.state.fault = "stall_mid_stream"
+        s.vllm.fault = "stall_mid_stream"
         async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
             async with http.stream(
                 "POST", f"{s.proxy_url}/v1/chat/completions", json=BODY, headers=NO_DETECTOR
@@ -260,7 +258,7 @@ async def test_client_disconnect_mid_stream(tmp_path: Path) -> None:
                     if line.startswith("data: "):
                         break  # the first step arrived: hang up while vLLM is still generating
         (trace,) = await s.traces()
-        await _until(lambda: s.vllm.state.aborted == 1)
+        await _until(lambda: s.vllm.aborted == 1)
         metrics = await s.metrics()
     assert trace["disconnected"] is True
     assert metric(metrics, "faithproxy_client_disconnects_total") == 1
@@ -271,7 +269,7 @@ async def test_slow_reader_gets_the_whole_stream(tmp_path: Path) -> None:
     """A client that reads a little at a time: the proxy waits on it (flow control) and delivers
     everything; nothing is dropped, nothing times out."""
     async with stack(tmp_path) as s, no_leftover_tasks():
-        s.vllm.state.repeat = 400
+        s.vllm.script = Sentences.repeating(400)
         url = httpx.URL(s.proxy_url)
         payload = json.dumps(BODY).encode()
         sock = socket.socket()

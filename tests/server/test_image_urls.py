@@ -21,12 +21,11 @@ import pytest
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.image_fetch import FetchPolicy, ImageFetcher
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
-from tests.server.fakes import MockVLLM
+from faithproxy.testing import FakeUpstream, running_app
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -66,7 +65,7 @@ class ImageHost:
 
 
 class Stack:
-    def __init__(self, url: str, vllm: MockVLLM, judge: Any, host: ImageHost) -> None:
+    def __init__(self, url: str, vllm: FakeUpstream, judge: Any, host: ImageHost) -> None:
         self.url, self.vllm, self.judge, self.host = url, vllm, judge, host
 
     async def ask(self, body: dict[str, Any], mode: str, *, stream: bool = False) -> httpx.Response:
@@ -82,7 +81,7 @@ class Stack:
 @contextlib.asynccontextmanager
 async def stack(tmp_path: Path, **overrides: Any) -> AsyncIterator[Stack]:
     judge_app = create_judge_app({"unfaithful": []})
-    vllm, host = MockVLLM(), ImageHost()
+    vllm, host = FakeUpstream(), ImageHost()
     fetcher = ImageFetcher(
         overrides.pop("policy", FetchPolicy()), resolver=resolve, transport=httpx.MockTransport(host)
     )

@@ -17,12 +17,11 @@ import pytest
 
 from faithproxy.benchmarks.standins.judge_server import JudgeServerState
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.metrics import JUDGE_TOKEN_KINDS
 from faithproxy.server.settings import Settings
-from tests.server.fakes import fault_vllm_app, metric, threaded_app
+from faithproxy.testing import FakeUpstream, metric, running_app, threaded_app
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
 
@@ -47,7 +46,7 @@ class Proxy:
 
 @contextlib.asynccontextmanager
 async def proxy(tmp_path: Path, **settings: Any) -> AsyncIterator[Proxy]:
-    vllm = fault_vllm_app()
+    vllm = FakeUpstream()
     judge_app = create_judge_app({"unfaithful": []})
     with threaded_app(vllm) as vllm_url, threaded_app(judge_app) as judge_url:
         judge = JudgeConfig(

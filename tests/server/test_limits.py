@@ -15,12 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.faithcore.errors import PayloadTooLarge, PolicyError
 from faithproxy.server.app import create_app
 from faithproxy.server.limits import check_body, data_url_size
 from faithproxy.server.settings import Settings
-from tests.server.fakes import MockVLLM, delta, frames, sse
+from faithproxy.testing import FakeUpstream, delta, frames, running_app, sse
 
 HEADERS = {"x-faithproxy-detector": "none"}
 PNG = base64.b64encode(b"\x89PNG" + bytes(2000)).decode()
@@ -36,13 +35,13 @@ def with_images(*urls: str, **extra: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def proxy(vllm: MockVLLM, **overrides: Any) -> AsyncIterator[str]:
+async def proxy(vllm: FakeUpstream, **overrides: Any) -> AsyncIterator[str]:
     app = create_app(Settings(upstream_url="http://vllm.test", **overrides), upstream_transport=vllm.transport())
     async with running_app(app) as url:
         yield url
 
 
-def chat_calls(vllm: MockVLLM) -> list[httpx.Request]:
+def chat_calls(vllm: FakeUpstream) -> list[httpx.Request]:
     return [r for r in vllm.requests if r.url.path == "/v1/chat/completions"]
 
 
@@ -59,7 +58,7 @@ async def post(url: str, payload: Any, headers: dict[str, str] | None = None, **
 
 
 async def test_body_over_the_limit_is_413_from_content_length() -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(vllm, max_body_bytes=1000) as url:
         response = await post(url, body(padding="x" * 2000))
         small = await post(url, body())
@@ -70,7 +69,7 @@ async def test_body_over_the_limit_is_413_from_content_length() -> None:
 
 
 async def test_streamed_body_over_the_limit_is_413_while_reading() -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
 
     async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the limit must count bytes read
         data = json.dumps(body(padding="x" * 5000)).encode()
@@ -87,7 +86,7 @@ async def test_streamed_body_over_the_limit_is_413_while_reading() -> None:
 
 
 async def test_headers_over_the_limit_are_431() -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(vllm, max_header_bytes=2048) as url:
         response = await post(url, body(), headers={"x-padding": "y" * 4000})
     assert response.status_code == 431
@@ -100,7 +99,7 @@ async def test_headers_over_the_limit_are_431() -> None:
 
 @pytest.mark.parametrize("mode", ["correct", "off"])
 async def test_too_many_images_is_400(mode: str) -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(vllm, max_images_per_request=2) as url:
         urls = [f"data:image/png;base64,{PNG}"] * 3
         response = await post(url, with_images(*urls), headers={"x-faithproxy-mode": mode})
@@ -113,7 +112,7 @@ async def test_too_many_images_is_400(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["correct", "off"])
 async def test_image_over_the_size_limit_is_413(mode: str) -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(vllm, max_image_bytes=1000) as url:
         response = await post(url, with_images(f"data:image/png;base64,{PNG}"), headers={"x-faithproxy-mode": mode})
     assert response.status_code == 413
@@ -132,7 +131,7 @@ def test_data_url_size_is_the_decoded_size(raw: bytes) -> None:
 
 @pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
 async def test_max_tokens_above_the_cap_is_400(name: str) -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(vllm, max_tokens_cap=100) as url:
         response = await post(url, body(**{name: 101}))
         ok = await post(url, body(**{name: 100}))
@@ -146,7 +145,7 @@ async def test_max_tokens_above_the_cap_is_400(name: str) -> None:
 
 @pytest.mark.parametrize("mode", ["correct", "off"])
 async def test_cap_is_added_when_the_request_sets_none(mode: str) -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     async with proxy(vllm, max_tokens_cap=64) as url:
         response = await post(url, body(top_k=3), headers={"x-faithproxy-mode": mode})
     assert response.status_code == 200
@@ -156,7 +155,7 @@ async def test_cap_is_added_when_the_request_sets_none(mode: str) -> None:
 
 
 async def test_without_a_cap_off_mode_forwards_the_same_bytes() -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     raw = b'{"model":"m",  "messages":[{"role":"user","content":"hi"}], "max_tokens": 7}'
     async with proxy(vllm) as url:
         response = await post(url, raw, headers={"x-faithproxy-mode": "off", "content-type": "application/json"})
@@ -188,7 +187,7 @@ def test_check_body_errors_are_the_documented_classes() -> None:
 # ---- concurrency ------------------------------------------------------------------------------
 
 
-class HeldVLLM(MockVLLM):
+class HeldVLLM(FakeUpstream):
     """Streams that stay open until `release` is set."""
 
     def __init__(self) -> None:
@@ -198,7 +197,7 @@ class HeldVLLM(MockVLLM):
         self.open = 0
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
-        response = self(request)
+        response = await super().handle(request)
         if request.url.path != "/v1/chat/completions":
             return response
 
@@ -211,9 +210,6 @@ class HeldVLLM(MockVLLM):
             yield sse(delta("It is red.", "stop"))
 
         return httpx.Response(200, content=content(), headers={"content-type": "text/event-stream"})
-
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self.handle)
 
 
 async def test_beyond_the_concurrency_limit_is_429_with_retry_after() -> None:

@@ -7,16 +7,15 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
-from tests.server.fakes import MockVLLM
+from faithproxy.testing import FakeUpstream, running_app
 
 
 async def test_metrics_carry_no_created_series(tmp_path: Path) -> None:
-    vllm = MockVLLM()
+    vllm = FakeUpstream()
     settings = Settings(upstream_url="http://vllm.test", trace_path=str(tmp_path / "traces.jsonl"))
-    app = create_app(settings, upstream_transport=httpx.MockTransport(vllm))
+    app = create_app(settings, upstream_transport=vllm.transport())
     body = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
     async with running_app(app) as url, httpx.AsyncClient(base_url=url) as http:
         # a request, so counters and histograms have children with samples, not just their names

@@ -19,11 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.server import responses
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
-from tests.server.fakes import frames, metric, threaded_app
+from faithproxy.testing import frames, metric, running_app, threaded_app
 
 OFF = {"x-faithproxy-mode": "off"}
 

@@ -14,12 +14,11 @@ import pytest
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.reports import ReportStore, SharedReportStore
 from faithproxy.server.settings import Settings
-from tests.server.fakes import SENTENCES, MockVLLM, frames
+from faithproxy.testing import SENTENCES, FakeUpstream, frames, running_app
 
 KEY = "fp-client-key-for-reports"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
@@ -99,7 +98,7 @@ async def proxy(tmp_path: Path, **overrides: Any) -> AsyncIterator[httpx.AsyncCl
                             api_key="sk-test", timeout_s=5, max_retries=0)  # type: ignore[arg-type]  # fmt: skip
         settings = Settings(upstream_url="http://vllm.test", trace_path=str(tmp_path / "t.jsonl"), judges=[judge],
                             max_retries=0, **overrides)  # fmt: skip
-        app = create_app(settings, upstream_transport=MockVLLM().transport())
+        app = create_app(settings, upstream_transport=FakeUpstream().transport())
         async with running_app(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
             yield http
 

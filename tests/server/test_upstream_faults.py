@@ -5,35 +5,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
+from faithproxy.testing import FakeUpstream, Sentences, delta, frames, running_app, sse
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
 HEADERS = {"x-faithproxy-detector": "none"}
-
-
-def sse(*objs: object, done: bool = True) -> bytes:
-    out = b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs)
-    return out + (b"data: [DONE]\n\n" if done else b"")
-
-
-def delta(text: str, finish: str | None = None) -> dict:
-    return {
-        "id": "u1",
-        "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
-    }
+# A MockTransport handler: a plain function, or FakeUpstream.handle
+Handler = Callable[[httpx.Request], httpx.Response] | Callable[[httpx.Request], Awaitable[httpx.Response]]
 
 
 @contextlib.asynccontextmanager
-async def serve(handler: Callable[[httpx.Request], httpx.Response], tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+async def serve(handler: Handler, tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     trace = tmp_path / "t.jsonl"
     app = create_app(
         Settings(upstream_url="http://vllm.test", trace_path=str(trace)),
@@ -48,12 +37,8 @@ def tmp(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def frames(text: str) -> list[str]:
-    return [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-
-
 async def run(
-    handler: Callable[[httpx.Request], httpx.Response], tmp: Path, body: dict | None = None, headers: dict | None = None
+    handler: Handler, tmp: Path, body: dict | None = None, headers: dict | None = None
 ) -> tuple[httpx.Response, list[dict], str]:
     async with serve(handler, tmp) as (url, trace):
         async with httpx.AsyncClient(timeout=10) as http:
@@ -64,14 +49,8 @@ async def run(
 
 
 async def test_stream_cut_mid_way_ends_with_error_frame_and_done(tmp: Path) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200,
-            content=sse(delta("The image shows a cat. "), delta("It is black. It sits"), done=False),
-            headers={"content-type": "text/event-stream"},
-        )
-
-    response, records, metrics = await run(handler, tmp)
+    cut = Sentences(["The image shows a cat. ", "It is black. It sits"], finish=None)
+    response, records, metrics = await run(FakeUpstream(cut, fault="truncated").handle, tmp)
     data = frames(response.text)
     assert data[-1] == "[DONE]"
     error = json.loads(data[-2])["error"]

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from faithproxy.server.traces import TraceWriter
+from faithproxy.testing import FakeUpstream, Sentences, metric, threaded_app
 from faithproxy.tinyvlm.processes import free_port, spawn
-from tests.server.fakes import fault_vllm_app, metric, threaded_app
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
 REQUESTS = 48
@@ -43,11 +43,10 @@ def per_worker(folder: Path) -> dict[str, float]:
 
 
 async def test_two_workers_export_one_whole_metrics_view_and_one_trace_file(tmp_path: Path) -> None:
-    vllm = fault_vllm_app()
-    vllm.state.repeat, vllm.state.gap_s = 4, 0.05  # streams that overlap, so both workers get some
+    vllm = FakeUpstream(Sentences.repeating(4, gap_s=0.05))  # streams that overlap, so both workers get some
     folder, traces = tmp_path / "metrics", tmp_path / "traces.jsonl"
     port = free_port()
-    with threaded_app(vllm, on_exit=vllm.state.release.set) as upstream:
+    with threaded_app(vllm, on_exit=vllm.release) as upstream:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAITHPROXY_")}
         env |= {"PROMETHEUS_MULTIPROC_DIR": str(folder), "FAITHPROXY_DEFAULT_DETECTOR": "none"}
         argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--workers", "2", "--upstream", upstream]
@@ -101,9 +100,9 @@ def main_thread_wakeups(supervisor: int, seconds: float) -> dict[int, int]:
 
 
 async def test_workers_share_one_report_file_when_none_is_configured(tmp_path: Path) -> None:
-    vllm = fault_vllm_app()
+    vllm = FakeUpstream()
     port = free_port()
-    with threaded_app(vllm, on_exit=vllm.state.release.set) as upstream:
+    with threaded_app(vllm, on_exit=vllm.release) as upstream:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAITHPROXY_")}
         env |= {"FAITHPROXY_DEFAULT_DETECTOR": "none", "TMPDIR": str(tmp_path)}  # no FAITHPROXY_REPORTS_PATH
         argv = [sys.executable, "-m", "faithproxy.cli", "serve", "--workers", "2", "--upstream", upstream]

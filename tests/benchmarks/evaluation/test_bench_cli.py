@@ -12,9 +12,9 @@ import pytest
 from faithproxy.benchmarks.evaluation.labelled import LabelledChain, LabelledStep, read_chains, write_chains
 from faithproxy.benchmarks.standins.judge_server import create_app as judge_app
 from faithproxy.cli import main
+from faithproxy.testing import threaded_app
 from tests.benchmarks.evaluation.test_judge_upr import evaluation_judge_app
 from tests.benchmarks.evaluation.test_option_curve import CHAIN, fake_vllm_app
-from tests.server.fakes import threaded_app
 
 
 def trace_step(index: int, text: str, kind: str, verdict: str | None, **extra: Any) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from faithproxy.benchmarks.evaluation import cli as bench_cli
 from faithproxy.benchmarks.evaluation import run as bench_run
 from faithproxy.benchmarks.evaluation.labelled import read_chains
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.server.app import create_app
+from faithproxy.testing import running_app
 from faithproxy.tinyvlm import fixture_spec as spec
 from tests.support import local_judge_settings
 

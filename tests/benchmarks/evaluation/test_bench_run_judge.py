@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from faithproxy.benchmarks.evaluation import run as bench_run
-from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.testing import running_app
 from tests.benchmarks.evaluation.releases import png, write_parquet
 
 # FREAK's release schema (hub Parquet, build/upload.py): one multiple-choice record, three free-form ones

@@ -17,8 +17,8 @@ from faithproxy.benchmarks.evaluation.labelled import iter_chains, write_chains
 from faithproxy.benchmarks.evaluation.metrics import upr
 from faithproxy.benchmarks.standins.judge_server import create_app as judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.server.app import create_app
+from faithproxy.testing import running_app
 from tests.support import local_judge_settings
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n-not-really-an-image").decode()

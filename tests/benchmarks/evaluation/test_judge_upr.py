@@ -15,9 +15,9 @@ from faithproxy.benchmarks.evaluation.judge_upr import (
     parse_evaluation_reply,
 )
 from faithproxy.benchmarks.evaluation.labelled import LabelledChain, LabelledStep
-from faithproxy.benchmarks.standins.local_server import running_app
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.faithcore.errors import DetectorError
+from faithproxy.testing import running_app
 
 UNFAITHFUL = {"The car is blue.", "There are three dogs."}
 REASONING = {"So the answer is B.", "So the answer is A."}

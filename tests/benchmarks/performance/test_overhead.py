@@ -22,7 +22,7 @@ from faithproxy.benchmarks.performance.overhead_client import (
     stream_once,
 )
 from faithproxy.benchmarks.standins.fast_upstream import FastUpstream, expected_text
-from faithproxy.benchmarks.standins.local_server import running_app
+from faithproxy.testing import running_app
 
 pytestmark = [pytest.mark.integration]
 
