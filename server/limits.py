@@ -5,12 +5,13 @@
     body (bytes)                RequestSizeMiddleware (ASGI)        413, from Content-Length before
                                                                     reading, else while reading
     concurrent chat requests    ConcurrencyLimitMiddleware (ASGI)   429 + Retry-After
-    images per request          check_body (router)                 400 too_many_images
-    one data-URL image (bytes)  check_body (router)                 413 image_too_large
-    max_tokens above the cap    check_body (router)                 400 max_tokens_too_large
+    images per request          check_body (admission)              400 too_many_images
+    one data-URL image (bytes)  check_body (admission)              413 image_too_large
+    max_tokens above the cap    check_body (admission)              400 max_tokens_too_large
 
 The middleware is pure ASGI (starlette's BaseHTTPMiddleware would buffer streams and break
-contextvars). A stream holds its concurrency slot until its last byte is sent, because the inner app
+contextvars). check_body runs in server/admission.py, the one admission path of every door and mode.
+A stream holds its concurrency slot until its last byte is sent, because the inner app
 returns only then. Images fetched for judges have their own size and time limits
 (clients/image_fetch.py).
 """

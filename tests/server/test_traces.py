@@ -1,10 +1,18 @@
-"""Trace lines from concurrent writers never interleave."""
+"""Trace lines from concurrent writers never interleave; the one writer counts and records a request."""
 
 import json
 import threading
+import time
 from pathlib import Path
 
-from faithproxy.server.traces import TRACE_SCHEMA_VERSION, TraceWriter
+from prometheus_client import CollectorRegistry, generate_latest
+
+from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode
+from faithproxy.server.admission import Admitted
+from faithproxy.server.metrics import Metrics
+from faithproxy.server.policy import RequestPolicy
+from faithproxy.server.traces import TRACE_SCHEMA_VERSION, RequestTrace, TraceWriter, finish_request
+from faithproxy.testing import metric
 
 
 def test_concurrent_writers_produce_whole_lines(tmp_path: Path) -> None:
@@ -29,3 +37,34 @@ def test_concurrent_writers_produce_whole_lines(tmp_path: Path) -> None:
 def test_no_path_writes_nothing(tmp_path: Path) -> None:
     TraceWriter(None).write({"id": "x"})
     assert list(tmp_path.iterdir()) == []
+
+
+def _admitted(mode: str) -> Admitted:
+    policy = RequestPolicy(
+        mode=mode, detector="none", max_retries=0, judge=None, on_detector_error="pass", annotate=True
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    return Admitted(body, b"{}", policy, "ab" * 12, time.perf_counter(), 1700000000.0)
+
+
+def test_finish_request_counts_and_writes_one_record(tmp_path: Path) -> None:
+    """The one writer both doors use: an upstream error sets the status class and its reason is counted;
+    a request without a session has the session's fields empty."""
+    metrics = Metrics(CollectorRegistry(), ["none"])
+    error = UpstreamError("upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED)
+    finish_request(RequestTrace(_admitted("off"), ttft=0.25, error=error), metrics, TraceWriter(tmp_path / "t.jsonl"))
+    finish_request(RequestTrace(_admitted("detect"), disconnected=True), metrics, TraceWriter(None))
+    (record,) = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert list(record) == [
+        *("version", "id", "time", "model", "mode", "detector", "judge", "stream", "prompt", "images", "steps"),
+        *("answer", "reasoning", "summary", "usage", "judge_usage", "timings", "hints", "disconnected", "error"),
+    ]
+    assert (record["id"], record["time"], record["mode"], record["stream"]) == ("ab" * 12, 1700000000.0, "off", True)
+    assert (record["prompt"], record["images"], record["steps"], record["usage"]) == (None, [], [], None)
+    assert record["timings"]["ttft_s"] == 0.25 and record["timings"]["verification_s"] == 0.0
+    assert record["error"]["code"] == "stream_truncated" and record["disconnected"] is False
+    exposition = generate_latest(metrics.registry).decode()
+    assert metric(exposition, "faithproxy_requests_total", mode="off", status="5xx") == 1
+    assert metric(exposition, "faithproxy_requests_total", mode="detect", status="disconnected") == 1
+    assert metric(exposition, "faithproxy_upstream_errors_total", reason="stream_truncated") == 1
+    assert metric(exposition, "faithproxy_request_duration_seconds_count", mode="off", stream="true") == 1
