@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from faithproxy.faithcore.context import ChainContext
+from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.admission import Admitted
@@ -69,22 +69,21 @@ class ChatServing:
         if detector.uses_judge and self.state.judge_fetches_images(self.policy.judge):
             assert self.state.image_fetcher is not None
             images = await self.state.image_fetcher.fetch_all(images)  # ImageRefused: nothing sent yet
-        ctx = ChainContext(
+        view = RequestView(
             request_id=self.request_id,
             model=self.body["model"],
             messages=messages,
             question=question,
             images=images,
-            generator=self.state.generator,
             judge=self.policy.judge,
             options=self.policy.detector_options(),
         )
-        ctx.judge_state.on_call = self.state.metrics.count_judge_call  # the judge's bill, call by call
-        detector.validate_request(ctx)  # ProbeMismatch (409) before anything is sent upstream
+        view.judge_state.on_call = self.state.metrics.count_judge_call  # the judge's bill, call by call
+        detector.validate_request(view)  # ProbeMismatch (409) before anything is sent upstream
         self.session = ChainSession(
             settings=self.state.settings,
             policy=self.policy,
-            ctx=ctx,
+            view=view,
             generator=self.state.generator,
             detector=detector,
             regenerator=self.state.regenerator,
@@ -148,7 +147,7 @@ class ChatServing:
                 item = await anext(events, None)
             stream_options = self.body.get("stream_options") or {}
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
-                yield frame(chunks.usage_chunk(self.session.ctx.usage.as_dict()))
+                yield frame(chunks.usage_chunk(dict(self.session.result().usage)))
             yield DONE
         except FaithproxyError as exc:
             self.error = exc
@@ -218,7 +217,7 @@ class ChatServing:
             "created": int(self.started_wall),
             "model": self.body["model"],
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason or "stop"}],
-            "usage": self.session.ctx.usage.as_dict(),
+            "usage": dict(self.session.result().usage),
             "faithfulness": self._summary(),
         }
         return JSONResponse(body, headers=self.headers)
@@ -237,14 +236,15 @@ class ChatServing:
     def _summary(self) -> dict[str, Any]:
         assert self.session is not None
         s = self.session
+        result = s.result()
         return summarize(
-            s.steps,
+            list(result.steps),
             mode=self.policy.mode,
             detector=self.policy.detector,
-            regenerations=s.stats.regenerations,
-            verification_s=s.stats.verification_s,
-            rounds=s.stats.rounds,
-            judge=s.ctx.judge_state.summary(),
+            regenerations=result.regenerations,
+            verification_s=s.verification_s,
+            rounds=result.rounds,
+            judge=s.view.judge_state.summary(),
         )
 
     def _finish(self, status: int | None = None) -> None:
