@@ -177,3 +177,64 @@ def test_the_readme_names_every_metric() -> None:
     assert names
     text = _text(README)
     assert [name for name in names if name not in text] == []
+
+
+# ---- the architecture page: every code name it cites is defined in the tree ----------------------
+
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
+_CODE_NAME = re.compile(r"^(?:[A-Z_][A-Z0-9_]*|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)$")
+_NAMED_TREES = ["faithcore", "clients", "detectors", "regenerators", "server", "faithproxy", "benchmarks"]
+
+
+def _defined_names() -> tuple[set[str], dict[str, set[str]]]:
+    """Top-level names of every module, and each class's attributes and methods (fields included)."""
+    top: set[str] = set()
+    members: dict[str, set[str]] = {}
+    for folder in _NAMED_TREES:
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    top.add(node.name)
+                elif isinstance(node, ast.Assign | ast.AnnAssign):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    top |= {t.id for t in targets if isinstance(t, ast.Name)}
+                if isinstance(node, ast.ClassDef):
+                    own = members.setdefault(node.name, set())
+                    for item in node.body:
+                        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                            own.add(item.name)
+                        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                            own.add(item.target.id)
+                        elif isinstance(item, ast.Assign):
+                            own |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return top, members
+
+
+def test_the_architecture_page_cites_only_names_the_code_defines() -> None:
+    """`Class`, `Class.member`, `function` and `FAITHPROXY_SETTING` in the page's prose and tables exist:
+    a rename that forgets this page fails here."""
+    import tomllib
+
+    from faithproxy.server.settings import Settings
+
+    top, members = _defined_names()
+    every_member = set().union(*members.values())
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    unknown = []
+    for span in set(_CODE_SPAN.findall(_prose(ARCHITECTURE))):
+        if "/" in span or span.startswith("faithproxy") or re.fullmatch(r"[\w.-]+\.(py|toml|md|json|yaml)", span):
+            continue  # a path or a module: the tests above check those
+        if not _CODE_NAME.match(span):
+            continue
+        if span in extras:
+            known = True
+        elif span.startswith("FAITHPROXY_"):
+            known = span.removeprefix("FAITHPROXY_").lower() in Settings.model_fields
+        elif "." in span:
+            owner, member = span.split(".")
+            known = member in members.get(owner, set()) or (owner in ("detectors", "regenerators", "server"))
+        else:
+            known = span in top or span in every_member
+        if not known:
+            unknown.append(span)
+    assert sorted(unknown) == []
