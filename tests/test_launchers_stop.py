@@ -41,7 +41,7 @@ LOADING = (
 def standin(model_dir, port, served_model_name, extra_args):
     if sys.argv[1] == "loading":
         return [sys.executable, "-c", LOADING]
-    return [sys.executable, "-m", "faithproxy.benchmarks.standins.fast_upstream", "--port", str(port)]
+    return [sys.executable, "-m", "faithproxy.testing", "--port", str(port)]
 
 serve.vllm_command = standin
 from faithproxy.cli import main
@@ -189,7 +189,7 @@ def test_sigterm_to_the_demo_serving_stops_vllm_the_judge_and_the_proxy(
     _wait_for(lambda: "servers left running" in demo.output() or not _alive(demo.pid), "the demo to serve")
     assert "servers left running" in demo.output(), demo.output()[-3000:]
     tree = _tree(demo.pid)
-    for server in ("fast_upstream", "judge_server", "faithproxy.cli serve"):
+    for server in ("faithproxy.testing", "judge_server", "faithproxy.cli serve"):
         assert any(server in _cmdline(pid) for pid in tree), (server, [_cmdline(p) for p in tree])
     os.kill(demo.pid, signal.SIGTERM)
     assert demo.exit_status() == 128 + signal.SIGTERM
@@ -228,7 +228,7 @@ def test_sigterm_to_the_overhead_benchmark_stops_the_upstream_and_the_proxy(
     argv = [sys.executable, "-m", "faithproxy.benchmarks.performance.overhead", "--no-litellm"]
     argv += ["--requests", "100000", "--workdir", str(tmp_path / "work")]  # still measuring when signalled
     bench = launch(*argv)
-    tree = bench.wait_until(lambda tree: _has("fast_upstream")(tree) and _has(" serve ")(tree), "both servers")
+    tree = bench.wait_until(lambda tree: _has("faithproxy.testing")(tree) and _has(" serve ")(tree), "both servers")
     os.kill(bench.pid, signal.SIGTERM)
     assert bench.exit_status() == 128 + signal.SIGTERM
     _assert_all_gone(tree)

@@ -65,8 +65,8 @@ from faithproxy.benchmarks.evaluation.shapesworld_rows import (
     parse_row,
     score_rows,
 )
-from faithproxy.benchmarks.standins.judge_server import PixelJudge, running_judge_server
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
 from faithproxy.shapesworld.dataset import Item
 from faithproxy.shapesworld.export import image_sha256
@@ -74,6 +74,7 @@ from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED, user_message
 from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
 from faithproxy.shapesworld.model.scoring import heldout_items, reply_sentences, score_reply
+from faithproxy.shapesworld.pixel_judge import PixelJudge
 from faithproxy.testing import running_app
 from faithproxy.tinyvlm.digest import file_sha256
 from faithproxy.tinyvlm.processes import supervised

@@ -1,7 +1,7 @@
 """What the judge costs per checked step, before and after the incremental protocol, and what it costs
 in wall time on long chains.
 
-Tokens (always): chains of 20, 50 and 150 sentences (benchmarks/standins/chain_upstream.py writes
+Tokens (always): chains of 20, 50 and 150 sentences (faithproxy/testing/chains.py writes
 them), checked one new sentence per judge call, the most calls a chain can cost.
 - BEFORE: the old protocol (judge_protocol_before.py: the whole chain, every sentence typed, the image
   described on every call), counted on its prompts and the replies an obedient judge wrote to them; for
@@ -41,24 +41,17 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.performance import judge_protocol_before as before_protocol
-from faithproxy.benchmarks.standins import chain_upstream
-from faithproxy.benchmarks.standins.chain_upstream import ChainSpec, chain_sentences, planted_sentence
-from faithproxy.benchmarks.standins.judge_server import (
-    IMAGE_TOKENS,
-    Oracle,
-    PromptCache,
-    create_app,
-    openai_parts,
-    running_judge_server,
-    vllm_usage,
-)
+from faithproxy.benchmarks.standins.judge_requests import openai_parts
+from faithproxy.benchmarks.standins.judge_server import create_app, running_judge_server
+from faithproxy.benchmarks.standins.oracle import Oracle
+from faithproxy.benchmarks.standins.prompt_cache import IMAGE_TOKENS, PromptCache, vllm_usage
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.images import parse_image_url
 from faithproxy.faithcore.types import Step, StepKind
-from faithproxy.testing import running_app
+from faithproxy.testing import Chain, ChainSpec, FakeUpstream, chain_sentences, planted_sentence, running_app
 from faithproxy.tinyvlm import processes
 
 LENGTHS = (20, 50, 150)
@@ -287,7 +280,7 @@ async def _stream(
     http: httpx.AsyncClient, url: str, spec: ChainSpec, headers: dict[str, str]
 ) -> tuple[float, str | None]:
     body = {
-        "model": chain_upstream.MODEL,
+        "model": Chain.model,
         "stream": True,
         "messages": [
             {
@@ -321,7 +314,7 @@ async def wall_figures(
         input_token_s=timing.judge_prefill_s,
         output_token_s=timing.decode_s,
     )
-    upstream_app = chain_upstream.create_app(token_s=timing.token_s)
+    upstream_app = FakeUpstream(Chain(token_s=timing.token_s), record=False)
     logs = Path(tempfile.mkdtemp(prefix="fp-judge-cost-"))
     results: dict[str, list[float]] = {}
     errors: list[str] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from faithproxy.benchmarks.performance.overhead_targets import MASTER_KEY, MODEL
-from faithproxy.benchmarks.standins.fast_upstream import expected_text
+from faithproxy.testing import expected_text
 
 try:
     import psutil
@@ -54,7 +54,7 @@ def make_client(base_url: str, connections: int) -> httpx.AsyncClient:
 
 def request_body(*, stream: bool, chunks: int, delay_ms: float = 0.0, hold: bool = False) -> bytes:
     """The same bytes go to every target; the upstream reads `chunks=`, `delay_ms=` and `hold` from
-    the text (benchmarks/standins/fast_upstream.py)."""
+    the text (faithproxy/testing/scripts.py: Counted)."""
     content = f"chunks={chunks}" + (f" delay_ms={delay_ms:g}" if delay_ms else "") + (" hold" if hold else "")
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "stream": stream, "max_tokens": 64}
     return json.dumps(body).encode()

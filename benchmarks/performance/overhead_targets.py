@@ -59,7 +59,7 @@ def start_upstream(workdir: Path, chunks: int) -> Target:
     argv = [
         sys.executable,
         "-m",
-        "faithproxy.benchmarks.standins.fast_upstream",
+        "faithproxy.testing",
         "--port",
         str(port),
         "--chunks",

@@ -3,7 +3,7 @@
     .venv/bin/python -m faithproxy.benchmarks.performance.workers [--windows 3 --requests 300 \\
         --concurrency 32 --chunks 32 --idle-s 5 --baseline SITE]
 
-The fast local upstream (benchmarks/standins/fast_upstream.py) is reached through two proxies, one
+The fast local upstream (`python -m faithproxy.testing`, Counted answers) is reached through two proxies, one
 started with `--workers 1`, one with `--workers 2` (each in its own process tree); windows of
 `--requests` streamed requests at `--concurrency` alternate between them, in `off` mode and in
 `correct` mode with detector `none` (the whole correction loop, no checks: the mode whose CPU per

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from faithproxy.benchmarks.standins.judge_server import VLLM_BLOCK, JudgeServerState, create_app, running_judge_server
+from faithproxy.benchmarks.standins.judge_server import JudgeServerState, create_app, running_judge_server
+from faithproxy.benchmarks.standins.prompt_cache import VLLM_BLOCK
 from faithproxy.clients.judge_base import UserTurn
 from faithproxy.clients.judges import JudgeBackend, JudgeConfig, JudgeResult, build_judge
 from faithproxy.detectors.judge import DescriptionCache, JudgeDetector

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from faithproxy.benchmarks.standins.judge_server import PixelJudge, create_app, running_judge_server
+from faithproxy.benchmarks.standins.judge_server import create_app, running_judge_server
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.detectors.judge_prompt import build_judge_prompt
@@ -21,6 +21,7 @@ from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 from faithproxy.shapesworld.chains import reference_chain
 from faithproxy.shapesworld.language import parse_claim, render_claim
 from faithproxy.shapesworld.perturb import perturb_claim
+from faithproxy.shapesworld.pixel_judge import PixelJudge
 from faithproxy.shapesworld.questions import make_question
 from faithproxy.shapesworld.scenes import generate_scene, png_bytes, render
 from tests.support import local_judge_config

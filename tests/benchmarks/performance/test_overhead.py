@@ -21,8 +21,7 @@ from faithproxy.benchmarks.performance.overhead_client import (
     request_body,
     stream_once,
 )
-from faithproxy.benchmarks.standins.fast_upstream import FastUpstream, expected_text
-from faithproxy.testing import running_app
+from faithproxy.testing import Counted, FakeUpstream, expected_text, running_app
 
 pytestmark = [pytest.mark.integration]
 
@@ -71,7 +70,7 @@ def test_cpu_seconds_reads_a_short_burst_to_below_a_tick() -> None:
 
 
 async def test_fast_upstream_streams_the_expected_text_and_holds() -> None:
-    async with running_app(FastUpstream(default_chunks=3)) as url:
+    async with running_app(FakeUpstream(Counted(default_chunks=3))) as url:
         client = make_client(url, 8)
         try:
             result = await stream_once(client, request_body(stream=True, chunks=5), 5)

@@ -11,13 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from faithproxy.benchmarks.standins.judge_server import (
-    VLLM_BLOCK,
-    Oracle,
-    Usage,
-    create_app,
-    running_judge_server,
-)
+from faithproxy.benchmarks.standins.judge_server import create_app, running_judge_server
+from faithproxy.benchmarks.standins.oracle import Oracle
+from faithproxy.benchmarks.standins.prompt_cache import VLLM_BLOCK, Usage
 from faithproxy.clients.anthropic_judge import text_blocks
 from faithproxy.clients.judge_base import TextBlock
 from faithproxy.detectors.judge_prompt import build_judge_prompt, build_judge_turn, parse_judge_reply
