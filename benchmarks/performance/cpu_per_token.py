@@ -326,6 +326,13 @@ def _judges(judge_url: str) -> str:
     )
 
 
+def start_pixel_judge(workdir: Path) -> tuple[processes.Child, str]:
+    """The judge stand-in, reading ShapesWorld images' pixels, in its own process; its URL."""
+    port = processes.free_port()
+    argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(port), "--shapesworld"]
+    return processes.spawn(argv, workdir / "judge.log", name="judge"), f"http://127.0.0.1:{port}"
+
+
 def start_proxy(name: str, upstream: str, judge_url: str, workdir: Path, site: Path | None) -> Proxy:
     port = processes.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAITHPROXY_")}
@@ -359,11 +366,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             started.append(vllm.child)
             url = vllm.base_url
         model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
-        judge_port = processes.free_port()
-        judge_argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(judge_port)]
-        judge = processes.spawn([*judge_argv, "--shapesworld"], workdir / "judge.log", name="judge")
+        judge, judge_url = start_pixel_judge(workdir)
         started.append(judge)
-        judge_url = f"http://127.0.0.1:{judge_port}"
         proxies = [start_proxy("faithproxy", url, judge_url, workdir, None)]
         if args.baseline:
             site = Path(args.baseline).resolve()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from faithproxy.benchmarks.performance.cpu_per_token import (
     Proxy,
     questions,
     request_body,
+    start_pixel_judge,
     start_proxy,
 )
 from faithproxy.tinyvlm import processes
@@ -91,11 +91,8 @@ def run(args: argparse.Namespace) -> dict[str, list[int]]:
         vllm = start_vllm(WEIGHTS_DIR, log_path=workdir / "vllm.log")
         started.append(vllm.child)
         model = httpx.get(f"{vllm.base_url}/v1/models", trust_env=False).json()["data"][0]["id"]
-        judge_port = processes.free_port()
-        judge_argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(judge_port)]
-        judge = processes.spawn([*judge_argv, "--shapesworld"], workdir / "judge.log", name="judge")
+        judge, judge_url = start_pixel_judge(workdir)
         started.append(judge)
-        judge_url = f"http://127.0.0.1:{judge_port}"
         proxies = [
             start_proxy("faithproxy", vllm.base_url, judge_url, workdir, None),
             start_proxy("faithproxy-before", vllm.base_url, judge_url, workdir, Path(args.baseline).resolve()),
