@@ -7,8 +7,10 @@
     │   │                                                         or one that could not be fetched)
     │   ├── PayloadTooLarge         413 invalid_request_error   (request body or one image too large)
     │   ├── HeadersTooLarge         431 invalid_request_error
-    │   └── ProbeMismatch           409 invalid_request_error   (the probe was trained for another model
-    │                                                             or other layers than it is asked to read)
+    │   ├── ProbeMismatch           409 invalid_request_error   (the probe was trained for another model
+    │   │                                                         or other layers than it is asked to read)
+    │   └── PolicyForbidden         403 invalid_request_error   (a header, or the default it falls back to,
+    │                                                             outside the API key's policy)
     ├── AuthError                   401 invalid_request_error   (missing or wrong proxy API key)
     ├── Overloaded                  429 rate_limit_error        (concurrency limit reached; Retry-After)
     ├── UpstreamError               502 upstream_error          (vLLM failed or is unreachable)
@@ -105,6 +107,16 @@ class ProbeMismatch(PolicyError):
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message, param=param, code="probe_mismatch")
+
+
+class PolicyForbidden(PolicyError):
+    """A request asks for (or would default to) what its API key's policy does not allow
+    (server/key_policy.py); `param` names the header, the message the allowed values."""
+
+    status_code = 403
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="forbidden_by_policy")
 
 
 class AuthError(FaithproxyError):

@@ -5,13 +5,15 @@ off-mode fast path (server/passthrough.py, pure ASGI) alike, so a body, a limit 
 the same way whichever of them meets it. What differs between doors is only how a body is read: each
 door passes its `BodyParser` (`parse_chat_body` for /v1/chat/completions).
 
-    raw bytes ── parse (per door) ── check_body (limits) ── policy_from_headers ── settle_media_urls ─▶ Admitted
-                                                                                       (async: may fetch)
+    raw bytes ── parse (per door) ── check_body ── policy_from_headers ── key policy ── settle_media_urls ─▶ Admitted
+                                                                                            (async: may fetch)
 
 Everything but the media-URL step is synchronous and cheap: off mode exists for CPU per token
 (benchmarks/performance/cpu_per_token.py), and its admission is most of its per-request work. A refusal
 is a FaithproxyError raised before anything is sent upstream; the door answers it and counts it with
-`count_refused`, the one place refused requests are counted.
+`count_refused`, the one place refused requests are counted. The key policy step
+(server/key_policy.py, with FAITHPROXY_POLICY_FILE) refuses with a 403 what the API key's policy does not
+allow, so every door inherits it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Admitted:
     request_id: str
     started: float  # time.perf_counter() when the request arrived: durations and TTFT count from here
     started_wall: float  # time.time() at the same moment: the trace's time, the response's `created`
+    key_policy: str = "default"  # the name of the API key's policy (server/key_policy.py), never the key
 
     @property
     def stream(self) -> bool:
@@ -75,11 +78,14 @@ async def admit(
         judges=state.judges,
         hints_available=state.hint_llm is not None,
     )
+    key_policy = "default"
+    if state.key_policies is not None:  # 403 for what the API key's policy does not allow
+        key_policy, policy = state.key_policies.enforce(headers, policy)
     # Every mode: no client-chosen media URL reaches vLLM unchecked (ImageRefused: nothing sent yet).
     changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
     if changed:
         raw = json.dumps(body).encode()  # forward the body as settled
-    return Admitted(body, raw, policy, new_request_id(), *started)
+    return Admitted(body, raw, policy, new_request_id(), *started, key_policy=key_policy)
 
 
 def count_refused(metrics: Metrics, exc: FaithproxyError) -> None:

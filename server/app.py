@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -19,6 +21,7 @@ from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
 from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
+from faithproxy.server.key_policy import KeyPolicies
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.passthrough import OffModeMiddleware
@@ -65,6 +68,8 @@ def create_app(
         if settings.reports_path
         else ReportStore(settings.reports_max_count, settings.reports_max_age_s)
     )
+    # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
+    key_policies = _key_policies(settings, built_metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,8 +132,12 @@ def create_app(
             hidden_states=hidden if settings.record_features else None,
             hint_llm=judges.get(settings.hint_judge) if settings.hint_judge else None,
             reports=reports,
+            key_policies=key_policies,
         )
         app.state.faithproxy = state
+        if key_policies is not None:
+            metrics.preinit_policies(key_policies.book.names)
+            _on_sighup(key_policies.reload)
         try:
             listing = await generator.models()
             state.learn_models([m["id"] for m in listing.get("data", []) if isinstance(m, dict) and "id" in m])
@@ -143,6 +152,8 @@ def create_app(
             if fetcher is not None:
                 await fetcher.aclose()
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
+            if key_policies is not None:
+                _on_sighup(None)
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
@@ -155,11 +166,47 @@ def create_app(
     app.add_middleware(
         ConcurrencyLimitMiddleware, limit=settings.max_concurrent_requests, retry_after_s=settings.retry_after_s
     )
-    if settings.api_keys:
+    if settings.api_keys or key_policies is not None:
         open_paths = ALWAYS_OPEN if settings.metrics_require_key else ALWAYS_OPEN | {"/metrics"}
         keys = [key.get_secret_value() for key in settings.api_keys]
-        app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths)
+        app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths, more_keys=key_policies)
     app.add_middleware(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
     return app
+
+
+def _key_policies(settings: Settings, built_metrics: list[Metrics]) -> KeyPolicies | None:
+    """The policy per API key of FAITHPROXY_POLICY_FILE (a broken file stops the start), counted in the
+    app's metrics once its lifespan has made them."""
+    if settings.policy_file is None:
+        return None
+
+    def on_reload(result: str) -> None:
+        if built_metrics:
+            built_metrics[0].policy_reloads.labels(result).inc()
+            if result == "ok" and policies is not None:
+                built_metrics[0].preinit_policies(policies.book.names)
+
+    def on_request(name: str, outcome: str) -> None:
+        if built_metrics:
+            built_metrics[0].policy_requests.labels(name, outcome).inc()
+
+    policies: KeyPolicies | None = None
+    policies = KeyPolicies(settings.policy_file, on_reload=on_reload, on_request=on_request)
+    return policies
+
+
+def _on_sighup(reload: Callable[[], object] | None) -> None:
+    """SIGHUP reloads the policy file (None: no longer). The handler runs in the event loop between
+    requests' steps, so a stream in flight goes on with what it was admitted with."""
+    if not hasattr(signal, "SIGHUP"):
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        if reload is None:
+            loop.remove_signal_handler(signal.SIGHUP)
+        else:
+            loop.add_signal_handler(signal.SIGHUP, reload)
+    except (RuntimeError, ValueError):  # not the main thread's loop (a test's threaded server)
+        log.warning("SIGHUP cannot reload the policy file in this event loop; it is read at start only")

@@ -1,6 +1,7 @@
 """Bearer-key authentication of the proxy's clients: pure ASGI middleware.
 
-Enabled when `FAITHPROXY_API_KEYS` lists at least one key. A request must carry
+Enabled when `FAITHPROXY_API_KEYS` lists at least one key or the policy file
+(`FAITHPROXY_POLICY_FILE`, server/key_policy.py) names keys: a request must carry
 `Authorization: Bearer <key>` with one of them; otherwise 401 in OpenAI's error format (type
 `invalid_request_error`, code `invalid_api_key`) and a `WWW-Authenticate: Bearer` header.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
+from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -27,6 +29,14 @@ from faithproxy.server.errors import send_error
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
 
 
+class KeySource(Protocol):
+    """More valid keys, which may change while serving: the policy file's (server/key_policy.py)."""
+
+    def valid(self, token: bytes) -> bool: ...
+
+    def has_keys(self) -> bool: ...
+
+
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
@@ -34,15 +44,27 @@ def _digest(key: bytes) -> bytes:
 class APIKeyMiddleware:
     """401 for requests outside `open_paths` without one of `keys` as a bearer token."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str], *, open_paths: Iterable[str] = ALWAYS_OPEN) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Iterable[str],
+        *,
+        open_paths: Iterable[str] = ALWAYS_OPEN,
+        more_keys: KeySource | None = None,
+    ) -> None:
         self.app = app
         self._digests = [_digest(key.encode()) for key in keys]
-        if not self._digests:
+        if not self._digests and more_keys is None:
             raise ValueError("APIKeyMiddleware needs at least one key")
         self.open_paths = frozenset(open_paths)
+        self.more_keys = more_keys
+
+    def _open(self) -> bool:
+        """No key anywhere (a policy file without keys, and no FAITHPROXY_API_KEYS): nothing to check."""
+        return not self._digests and self.more_keys is not None and not self.more_keys.has_keys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        if scope["type"] != "http" or scope["path"] in self.open_paths or self._open():
             await self.app(scope, receive, send)
             return
         token = _bearer_token(scope)
@@ -60,6 +82,8 @@ class APIKeyMiddleware:
         ok = False
         for digest in self._digests:
             ok |= hmac.compare_digest(presented, digest)
+        if self.more_keys is not None:
+            ok |= self.more_keys.valid(token)
         return ok
 
 

@@ -53,6 +53,8 @@ DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
 # The stages a detector may report a decision for (the cascade: probe, judge), as the detectors declare them.
 CASCADE_STAGES = decision_stages()
 HINT_OUTCOMES = ("applied", "unusable", "error")
+POLICY_OUTCOMES = ("admitted", "refused")
+POLICY_RELOAD_RESULTS = ("ok", "failed")
 # The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
 JUDGE_TOKEN_KINDS = {
     "input": "input_tokens",
@@ -219,8 +221,29 @@ class Metrics:
             ["judge"],
             registry=registry,
         )
+        self.policy_requests = Counter(
+            "faithproxy_policy_requests_total",
+            "Requests by the API key policy they were read against (its name, never the key; "
+            "FAITHPROXY_POLICY_FILE) and outcome (admitted, refused: 403).",
+            ["policy", "outcome"],
+            registry=registry,
+        )
+        self.policy_reloads = Counter(
+            "faithproxy_policy_reloads_total",
+            "Reloads of the policy file (SIGHUP) by result (ok; failed: the policies in force were kept).",
+            ["result"],
+            registry=registry,
+        )
         self._preinit(list(detectors))
         self.preinit_judges(judges)
+
+    def preinit_policies(self, names: Iterable[str]) -> None:
+        """Create the series of the policy file's policies and of its reloads."""
+        for result in POLICY_RELOAD_RESULTS:
+            self.policy_reloads.labels(result)
+        for name in names:
+            for outcome in POLICY_OUTCOMES:
+                self.policy_requests.labels(name, outcome)
 
     def preinit_judges(self, judges: Iterable[str]) -> None:
         """Create the judge-bill series of every configured judge, so their rates exist at zero."""

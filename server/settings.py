@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     # Bearer keys of the proxy's clients (FAITHPROXY_API_KEYS=key1,key2). Empty: no auth.
     # /healthz and /readyz stay open; /metrics too unless metrics_require_key.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # Policy per API key (server/key_policy.py): a YAML file of a default policy and named keys' policies,
+    # whose keys are valid API keys beside `api_keys`; reloaded on SIGHUP. None: no per-key policy.
+    policy_file: str | None = None
     metrics_require_key: bool = False
 
     # Limits (see server/limits.py). Bodies and images are counted in bytes.

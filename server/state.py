@@ -36,6 +36,8 @@ class AppState:
     hint_llm: Any = None  # clients.judge_base.JudgeBackend
     # Reports of finished verified requests, by request id (GET /v1/faithfulness/{request_id}).
     reports: Reports | None = None
+    # The policy per API key in force (FAITHPROXY_POLICY_FILE); None without a policy file.
+    key_policies: Any = None  # server.key_policy.KeyPolicies
 
     def judge_fetches_images(self, judge: str | None) -> bool:
         return self.image_fetcher is not None and any(c.name == judge and c.fetch_images for c in self.settings.judges)
