@@ -28,6 +28,7 @@ from faithproxy.clients.upstream_http import UpstreamPool
 from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode, UpstreamStatusError
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class UpstreamBody(Protocol):
@@ -213,16 +214,17 @@ class VLLMClient:
             await self._pool.aclose()
         await self._client.aclose()
 
-    async def open_chat(self, content: bytes, *, stream: bool) -> UpstreamBody:
-        """POST /v1/chat/completions with these body bytes; returns once the status and headers arrived,
-        whatever the status. The caller reads the body and must `aclose()` it. A stream waits at most
-        the idle timeout for each read (the headers included), a non-stream the request timeout."""
+    async def open_chat(self, content: bytes, *, stream: bool, path: str = CHAT_PATH) -> UpstreamBody:
+        """POST /v1/chat/completions (or `path`: /v1/completions) with these body bytes; returns once the
+        status and headers arrived, whatever the status. The caller reads the body and must `aclose()` it.
+        A stream waits at most the idle timeout for each read (the headers included), a non-stream the
+        request timeout."""
         read_timeout = self._stream_idle_timeout_s if stream else self._request_timeout_s
         if self._pool is not None:
-            return await self._pool.request("POST", CHAT_PATH, content=content, read_timeout_s=read_timeout)
+            return await self._pool.request("POST", path, content=content, read_timeout_s=read_timeout)
         request = self._client.build_request(
             "POST",
-            CHAT_PATH,
+            path,
             content=content,
             headers={"content-type": "application/json"},
             timeout=self._stream_timeout if stream else self._timeout,
@@ -230,9 +232,10 @@ class VLLMClient:
         return _HttpxBody(await self._send_stream(request))
 
     @asynccontextmanager
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[UpstreamStream]:
-        """POST /v1/chat/completions with stream=true; raises UpstreamStatusError on an HTTP error."""
-        response = await self.open_chat(json.dumps(body).encode(), stream=True)
+    async def stream_chat(self, body: dict[str, Any], *, path: str = CHAT_PATH) -> AsyncIterator[UpstreamStream]:
+        """POST /v1/chat/completions (or `path`) with stream=true; raises UpstreamStatusError on an HTTP
+        error."""
+        response = await self.open_chat(json.dumps(body).encode(), stream=True, path=path)
         try:
             if response.status >= 400:
                 raise _status_error(response.status, await response.read())

@@ -26,7 +26,7 @@ from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMidd
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
-from faithproxy.server.routers import chat, faithfulness, ops
+from faithproxy.server.routers import chat, completions, faithfulness, ops
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
@@ -159,6 +159,7 @@ def create_app(
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.include_router(chat.router)
+    app.include_router(completions.router)
     app.include_router(ops.router)
     app.include_router(faithfulness.router)
     install_openapi(app, settings)

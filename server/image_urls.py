@@ -82,7 +82,7 @@ async def settle_media_urls(body: dict[str, Any], handling: ImageURLHandling, fe
     URLs in place; True when the body changed (the caller re-encodes what it forwards). Raises
     ImageRefused (400) before anything has been sent upstream."""
     to_fetch: list[_MediaURL] = []
-    for media in _media_urls(body["messages"]):
+    for media in _media_urls(body.get("messages") or []):  # a completions prompt has none
         scheme = _scheme(media.url)
         if scheme == "data":
             continue

@@ -28,6 +28,7 @@ from faithproxy.server.errors import send_error
 from faithproxy.server.settings import Settings
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class RequestSizeMiddleware:
@@ -72,7 +73,9 @@ class ConcurrencyLimitMiddleware:
     """At most `limit` requests on `paths` at once; the next gets 429 with Retry-After at once
     (no queue: the client, or its load balancer, decides whether to wait or go elsewhere)."""
 
-    def __init__(self, app: ASGIApp, *, limit: int, retry_after_s: int, paths: Iterable[str] = (CHAT_PATH,)) -> None:
+    def __init__(
+        self, app: ASGIApp, *, limit: int, retry_after_s: int, paths: Iterable[str] = (CHAT_PATH, COMPLETIONS_PATH)
+    ) -> None:
         self.app = app
         self.limit = limit
         self.retry_after_s = retry_after_s
@@ -101,7 +104,7 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
     """Raises for a body over the image or token limits; True when it added the max_tokens cap
     (the caller re-encodes the body it forwards). Images are counted, not decoded."""
     images = 0
-    for message in body["messages"]:
+    for message in body.get("messages") or ():  # a completions prompt has none
         content = message.get("content")
         if not isinstance(content, list):
             continue

@@ -1,10 +1,11 @@
 """`off` mode as pure ASGI: the client's body bytes to vLLM, vLLM's bytes back, nothing decoded.
 
 `OffModeMiddleware` sits inside the limit middleware (size, API keys, concurrency) and in front of
-FastAPI's router. A POST to /v1/chat/completions whose mode is `off` (its X-Faithproxy-Mode header, or
-the server's default when it has none) is served here: it is admitted by the one admission path
-(server/admission.py, as the router admits it: the body, the limits, every X-Faithproxy-* header, media
-URLs under the image-URL policy), then `Passthrough` forwards it. Everything else goes on to the router
+FastAPI's router. A POST to /v1/chat/completions (or /v1/completions) whose mode is `off` (its
+X-Faithproxy-Mode header, or the server's default when it has none) is served here: it is admitted by
+the one admission path (server/admission.py, as the router admits it: the body, the limits, every
+X-Faithproxy-* header, media URLs under the image-URL policy), then `Passthrough` forwards it to vLLM's
+endpoint of the same path. Everything else goes on to the router
 untouched (the router's own off branch, for a header value the middleware does not read as `off`,
 answers with the same `Passthrough`). What this skips is FastAPI's routing and dependency injection,
 starlette's response classes, an anyio task group per stream and httpx: most of the CPU a pass-through
@@ -30,15 +31,18 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError, UpstreamErrorCode
-from faithproxy.server.admission import Admitted, admit, arrival, count_refused, parse_chat_body
+from faithproxy.server.admission import Admitted, BodyParser, admit, arrival, count_refused, parse_chat_body
+from faithproxy.server.door_bodies import parse_completions_body
 from faithproxy.server.errors import error_body, error_frame
-from faithproxy.server.limits import CHAT_PATH
+from faithproxy.server.limits import CHAT_PATH, COMPLETIONS_PATH
 from faithproxy.server.policy import HEADER_MODE
 from faithproxy.server.traces import RequestTrace, finish_request
 
 _DONE = b"data: [DONE]\n\n"
 _MODE_HEADER = HEADER_MODE.encode()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+# The doors whose off mode is vLLM's own endpoint of the same path, each with its body parser.
+_DOORS: dict[str, BodyParser] = {CHAT_PATH: parse_chat_body, COMPLETIONS_PATH: parse_completions_body}
 
 
 class Passthrough(Response):
@@ -50,9 +54,10 @@ class Passthrough(Response):
 
     # Response.__init__ is not called: it builds a body this class never has. `state` is the
     # server.state.AppState, not imported: this module stays light.
-    def __init__(self, state: Any, admitted: Admitted) -> None:
+    def __init__(self, state: Any, admitted: Admitted, *, path: str = CHAT_PATH) -> None:
         self.state = state
         self.admitted = admitted
+        self.path = path  # the upstream path: the door's own (/v1/chat/completions, /v1/completions)
         self.ttft: float | None = None
         self.error: FaithproxyError | None = None
         self.disconnected = False
@@ -69,7 +74,9 @@ class Passthrough(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            upstream = await self.state.generator.open_chat(self.admitted.raw, stream=self.admitted.stream)
+            upstream = await self.state.generator.open_chat(
+                self.admitted.raw, stream=self.admitted.stream, path=self.path
+            )
         except UpstreamError as exc:
             self.error = exc
             self._finish()
@@ -172,7 +179,8 @@ class Passthrough(Response):
 
 
 class OffModeMiddleware:
-    """Serves off-mode chat completions (see the module's docstring); passes everything else on."""
+    """Serves off-mode chat completions and completions (see the module's docstring); passes everything
+    else on."""
 
     def __init__(self, app: ASGIApp, *, default_off: bool) -> None:
         self.app = app
@@ -185,12 +193,8 @@ class OffModeMiddleware:
         return self.default_off
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] != CHAT_PATH
-            or scope["method"] != "POST"
-            or not self._is_off(scope["headers"])
-        ):
+        parse = _DOORS.get(scope["path"]) if scope["type"] == "http" else None
+        if parse is None or scope["method"] != "POST" or not self._is_off(scope["headers"]):
             await self.app(scope, receive, send)
             return
         app = scope.get("app")
@@ -203,12 +207,12 @@ class OffModeMiddleware:
             raw = await _read_body(receive)
             if raw is None:
                 return  # the client left before sending its body
-            admitted = await admit(raw, Headers(scope=scope), state, parse_chat_body, started=started)
+            admitted = await admit(raw, Headers(scope=scope), state, parse, started=started)
         except FaithproxyError as exc:
             count_refused(state.metrics, exc)
             await _send_error(send, exc, [(b"content-type", b"application/json")])
             return
-        await Passthrough(state, admitted)(scope, receive, send)
+        await Passthrough(state, admitted, path=scope["path"])(scope, receive, send)
 
 
 async def _send_error(send: Send, exc: FaithproxyError, headers: list[tuple[bytes, bytes]]) -> None:

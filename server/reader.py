@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from faithproxy.clients.vllm import VLLMClient
+from faithproxy.clients.vllm import CHAT_PATH, VLLMClient
 from faithproxy.faithcore.correction import CorrectionCore, RoundFailed
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import FaithproxyError
@@ -34,11 +34,13 @@ class RoundReader:
     core: CorrectionCore
     round: int
     wake: Callable[[], None]
+    path: str = CHAT_PATH  # the door's upstream path
+    wire: Callable[[], ChatChunkReader] = ChatChunkReader  # the door's wire reader
 
     async def run(self) -> None:
-        core, wire = self.core, ChatChunkReader()
+        core, wire = self.core, self.wire()
         try:
-            async with self.generator.stream_chat(self.body) as stream:
+            async with self.generator.stream_chat(self.body, path=self.path) as stream:
                 async for batch in stream.batches():  # what one read brought: resumed once, not per token
                     if core.round != self.round:
                         return

@@ -22,7 +22,7 @@ from faithproxy.server.admission import Admitted
 from faithproxy.server.errors import error_frame, error_response
 from faithproxy.server.hints import apply_hints, collect_hints
 from faithproxy.server.reports import report
-from faithproxy.server.session import ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
+from faithproxy.server.session import CHAT_WIRE, ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
 from faithproxy.server.sse import DONE, ChunkFactory, frame
 from faithproxy.server.state import AppState
 from faithproxy.server.summary import step_annotation, summarize
@@ -32,6 +32,12 @@ log = logging.getLogger("faithproxy")
 
 
 class ChatServing:
+    """Serves one admitted chat request. Another door (server/completions.py) subclasses it, giving its
+    own `wire`, `_messages`, `_chunks`, `_frames_for` and `_body`: the session and accounting stay here."""
+
+    wire = CHAT_WIRE  # the rounds' path, body and wire reader (server/session.py)
+    object_id_prefix = "chatcmpl"
+
     def __init__(self, state: AppState, admitted: Admitted) -> None:
         self.state = state
         self.admitted = admitted
@@ -58,7 +64,7 @@ class ChatServing:
             return await self._passthrough()
         if (self.body.get("n") or 1) != 1:
             raise PolicyError("n > 1 is only supported with X-Faithproxy-Mode: off", param="n")
-        messages = self.body["messages"]
+        messages = self._messages()
         images = images_in_messages(messages)  # PolicyError on a malformed image: nothing sent yet
         question = last_user_text(messages)  # the client's question: what judges are told was asked
         body = self.body
@@ -91,6 +97,7 @@ class ChatServing:
             body=body,
             model_label=self.state.model_label(self.body["model"]),
             hidden_states=self.state.hidden_states,
+            wire=self.wire,
         )
         self.state.metrics.in_flight.inc()
         events = self.session.run().__aiter__()
@@ -109,6 +116,10 @@ class ChatServing:
         if self.stream:
             return StreamingResponse(self._sse(first, events), media_type="text/event-stream", headers=self.headers)
         return await self._collect(first, events)
+
+    def _messages(self) -> list[dict[str, Any]]:
+        """The conversation as chat messages: what detectors, judges and the regenerator read."""
+        return self.body["messages"]
 
     async def _with_hints(self, messages: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
         """The messages with hints, or unchanged when the hint judge fails or gives none (counted)."""
@@ -135,7 +146,7 @@ class ChatServing:
 
     async def _sse(self, first: Emit, events: AsyncIterator[Emit]) -> AsyncIterator[bytes]:
         assert self.session is not None
-        chunks = ChunkFactory(f"chatcmpl-{self.request_id}", self.body["model"])
+        chunks = self._chunks()
         try:
             item: Emit | None = first
             while item is not None:
@@ -165,6 +176,9 @@ class ChatServing:
         finally:
             await _aclose(events)
             self._finish()
+
+    def _chunks(self) -> ChunkFactory:
+        return ChunkFactory(f"{self.object_id_prefix}-{self.request_id}", self.body["model"])
 
     def _frames_for(self, item: Emit, chunks: ChunkFactory) -> list[bytes]:
         annotate = self.policy.annotate
@@ -207,6 +221,11 @@ class ChatServing:
         finally:
             await _aclose(events)
             self._finish()
+        return JSONResponse(self._body(finish_reason, extras), headers=self.headers)
+
+    def _body(self, finish_reason: str | None, extras: dict[str, Any]) -> dict[str, Any]:
+        """The non-streamed response from what the session emitted."""
+        assert self.session is not None
         message: dict[str, Any] = {"role": "assistant", "content": self.answer.get("content"), **extras}
         for name in ("reasoning", "reasoning_content"):
             if name in self.answer:
@@ -220,7 +239,7 @@ class ChatServing:
             "usage": dict(self.session.result().usage),
             "faithfulness": self._summary(),
         }
-        return JSONResponse(body, headers=self.headers)
+        return body
 
     # ---- off mode: the same bytes vLLM sent ---------------------------------------------------
 
@@ -229,7 +248,7 @@ class ChatServing:
         ASGI); those that do (an http(s) image URL) are answered by the same code."""
         from faithproxy.server.passthrough import Passthrough
 
-        return Passthrough(self.state, self.admitted)
+        return Passthrough(self.state, self.admitted, path=self.wire.path)
 
     # ---- accounting ---------------------------------------------------------------------------
 

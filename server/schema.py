@@ -1,4 +1,4 @@
-"""The OpenAPI description of POST /v1/chat/completions: request body, X-Faithproxy-* headers, errors.
+"""The OpenAPI description of POST /v1/chat/completions and /v1/completions: request bodies, headers, errors.
 
 The handler reads the raw body (unknown fields are forwarded to vLLM byte for byte in off mode, and
 as parsed JSON otherwise), so these models are documentation and the fuzzer's grammar, not a parser:
@@ -76,6 +76,21 @@ class ChatCompletionRequest(_Open):
     seed: int | None = None
 
 
+class CompletionRequest(_Open):
+    """An OpenAI (legacy) completion request; fields not listed are forwarded to vLLM untouched."""
+
+    model: str = Field(min_length=1)
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="One string unless X-Faithproxy-Mode is off (then anything vLLM takes)."
+    )
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
+    temperature: float | None = None
+    seed: int | None = None
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -99,13 +114,19 @@ CHAT_OPENAPI_EXTRA: dict[str, Any] = {
 }
 
 
+COMPLETIONS_OPENAPI_EXTRA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}},
+    },
+}
+
+
 def chat_parameters(settings: Settings, served: Collection[str] | None = None) -> list[dict[str, Any]]:
     """The X-Faithproxy-* headers, with the values this server accepts: `served` names the detectors it
     built; without it (no lifespan has run yet), the available ones minus those needing an absent judge."""
     if served is None:
-        served = [
-            name for name in DETECTORS.available() if settings.judges or not DETECTORS.resolve(name).uses_judge
-        ]
+        served = [name for name in DETECTORS.available() if settings.judges or not DETECTORS.resolve(name).uses_judge]
     detectors = sorted(served)
     parameters = [
         _header(HEADER_MODE, "correct | detect | off", {"type": "string", "enum": ["correct", "detect", "off"]}),
@@ -140,6 +161,12 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+COMPLETIONS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **CHAT_RESPONSES,
+    200: {"description": "A text completion (JSON), or an SSE stream when stream=true."},
+}
+
+
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Adds the request models (pydantic's $defs become components), the headers with this server's
     values, its max_tokens cap and, when keys are configured, the bearer security scheme."""
@@ -154,9 +181,16 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {}).update(request.pop("$defs", {}))
             components["schemas"]["ChatCompletionRequest"] = request
-            operation = schema["paths"]["/v1/chat/completions"]["post"]
+            completion = CompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            if settings.max_tokens_cap is not None:
+                completion["properties"]["max_tokens"]["anyOf"][0]["maximum"] = settings.max_tokens_cap
+            components["schemas"].update(completion.pop("$defs", {}))
+            components["schemas"]["CompletionRequest"] = completion
             state = getattr(app.state, "faithproxy", None)
-            operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                if path in schema["paths"]:
+                    operation = schema["paths"][path]["post"]
+                    operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)
             if settings.api_keys:
                 components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
                 schema["security"] = [{"bearer": []}]

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faithproxy.clients.vllm import VLLMClient
+from faithproxy.clients.vllm import CHAT_PATH, VLLMClient
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.features import read_step_features
 from faithproxy.faithcore.context import RequestView
@@ -43,6 +43,7 @@ from faithproxy.faithcore.correction import (
     StartRound,
     Tried,
 )
+from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import DetectorError, RegenerationError
 from faithproxy.faithcore.reasoning_formats import ReasoningFormat, get_format
 from faithproxy.faithcore.types import Channel, Step
@@ -53,7 +54,39 @@ from faithproxy.server.reader import RoundReader
 from faithproxy.server.settings import Settings
 from faithproxy.server.step_metrics import count_step
 
-__all__ = ["ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts"]
+__all__ = ["CHAT_WIRE", "ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "RoundWire"]
+
+
+def chat_round_body(client_body: dict[str, Any], start: StartRound) -> dict[str, Any]:
+    """A chat round: the client's body streamed; a continuation adds the accepted text as the partial
+    assistant message that vLLM continues (`continue_final_message`)."""
+    body = {k: v for k, v in client_body.items() if k not in ("stream", "stream_options", "include_reasoning")}
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}  # usage of every round is added up
+    if start.continuation is None:
+        return body
+    partial = start.continuation.content
+    body["messages"] = [*client_body["messages"], {"role": "assistant", "content": partial}]
+    body["continue_final_message"] = True
+    body["add_generation_prompt"] = False
+    if start.max_tokens is not None:
+        body["max_completion_tokens" if "max_completion_tokens" in client_body else "max_tokens"] = start.max_tokens
+    return body
+
+
+@dataclass(frozen=True)
+class RoundWire:
+    """How a door's rounds talk to vLLM: the path, how a round's body is built from the client's body,
+    which wire reader (faithcore/correction/wire.py) reads its chunks, and how the reasoning format is
+    adapted (a raw prompt has no chat template to close a think block)."""
+
+    path: str = CHAT_PATH
+    round_body: Callable[[dict[str, Any], StartRound], dict[str, Any]] = chat_round_body
+    reader: Callable[[], ChatChunkReader] = ChatChunkReader
+    reasoning_format: Callable[[ReasoningFormat], ReasoningFormat] = lambda fmt: fmt
+
+
+CHAT_WIRE = RoundWire()
 
 
 @dataclass
@@ -68,6 +101,7 @@ class ChainSession:
     body: dict[str, Any]  # the client's body, unknown fields included, forwarded to vLLM
     model_label: str = "other"
     hidden_states: Any = None  # a HiddenStatesClient when features are recorded for traces
+    wire: RoundWire = CHAT_WIRE  # the door's upstream: chat completions unless the door says otherwise
     verification_s: float = 0.0  # time the client waited on checks and rewrites
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -78,7 +112,8 @@ class ChainSession:
         self.hide_reasoning = self.body.get("include_reasoning") is False
         if self.view.reasoning_format is None:
             # the view carries it so that hidden-state captures render the chain with the model's markers
-            self.view = dataclasses.replace(self.view, reasoning_format=self._reasoning_format())
+            reasoning_format = self.wire.reasoning_format(self._reasoning_format())
+            self.view = dataclasses.replace(self.view, reasoning_format=reasoning_format)
         self.reasoning_format = self.view.reasoning_format
         self.core = CorrectionCore(self.rules(self.reasoning_format))
 
@@ -125,7 +160,9 @@ class ChainSession:
                     await self._wakeup.wait()
                     self._wakeup.clear()
                 elif isinstance(action, StartRound):
-                    reader = RoundReader(self.generator, self._round_body(action), core, core.round, self._wake)
+                    body = self.wire.round_body(self.body, action)
+                    wire = self.wire
+                    reader = RoundReader(self.generator, body, core, core.round, self._wake, wire.path, wire.reader)
                     task = asyncio.create_task(self._read(reader, checks if detect else None))
                 elif isinstance(action, DropRound):
                     assert task is not None
@@ -223,20 +260,6 @@ class ChainSession:
             return Regenerated(error=exc)
         finally:
             self.verification_s += time.perf_counter() - started
-
-    def _round_body(self, start: StartRound) -> dict[str, Any]:
-        body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options", "include_reasoning")}
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}  # usage of every round is added up
-        if start.continuation is None:
-            return body
-        partial = start.continuation.content
-        body["messages"] = [*self.body["messages"], {"role": "assistant", "content": partial}]
-        body["continue_final_message"] = True
-        body["add_generation_prompt"] = False
-        if start.max_tokens is not None:
-            body["max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"] = start.max_tokens
-        return body
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

@@ -53,3 +53,17 @@ class ChatChunkReader:
 
     def end(self) -> RoundEnd:
         return RoundEnd(self.finish_reason, self.usage, self.upstream_id)
+
+
+@dataclass
+class CompletionChunkReader(ChatChunkReader):
+    """Reads a /v1/completions stream: `choices[0].text` is the round's text, as `content` (a raw
+    prompt has no reasoning parser between the model and the proxy; think markers stay in the text,
+    where the reasoning format finds them)."""
+
+    def _choice(self, choice: dict[str, Any], out: list[Delta | Extras]) -> None:
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            out.append(Delta("content", text))
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]

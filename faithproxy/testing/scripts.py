@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from faithproxy.testing.answer import Answer, Hold, Pause, Step, Stream
-from faithproxy.testing.wire import DONE, completion, delta, event, usage_chunk
+from faithproxy.testing.wire import DONE, completion, delta, event, text_completion, text_delta, usage_chunk
 
 SENTENCES = ["The image shows a red circle. ", "It is on a white background. ", "So the answer is red."]
 
@@ -35,7 +35,8 @@ class Script(Protocol):
 class Sentences:
     """One delta per sentence in `field` ("content" or "reasoning"), `finish` on the last (None: no
     finish reason), then a usage chunk and [DONE]; `gap_s` pauses before every delta but the first.
-    Non-streamed: the sentences joined, or `reply_text` when given."""
+    Non-streamed: the sentences joined, or `reply_text` when given. A /v1/completions request (a body
+    with a `prompt`) gets the same sentences in the completions wire (`choices[0].text`)."""
 
     sentences: list[str] = field(default_factory=lambda: list(SENTENCES))
     gap_s: float = 0.0
@@ -50,12 +51,15 @@ class Sentences:
         for i, sentence in enumerate(self.sentences):
             if i and self.gap_s:
                 content.append(Pause(self.gap_s))
-            content.append(event(delta(sentence, self.finish if i == last else None, self.field)))
+            finish = self.finish if i == last else None
+            chunk = text_delta(sentence, finish) if "prompt" in body else delta(sentence, finish, self.field)
+            content.append(event(chunk))
         return Stream((), tuple(content), (event(usage_chunk()), DONE))
 
     def reply(self, body: dict[str, Any]) -> Answer:
         text = "".join(self.sentences) if self.reply_text is None else self.reply_text
-        return Answer.json(200, json.dumps(completion(text)).encode())
+        reply = text_completion(text) if "prompt" in body else completion(text)
+        return Answer.json(200, json.dumps(reply).encode())
 
     @classmethod
     def repeating(cls, repeat: int, gap_s: float = 0.0) -> Sentences:

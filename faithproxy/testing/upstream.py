@@ -5,6 +5,7 @@ Both entries ask the same pure function (`answer`) what to say, a script's answe
 fault applied, and play its steps; only the I/O differs. Routes:
 
     POST /v1/chat/completions (and /chat/completions)   the script, streamed or not
+    POST /v1/completions                                the script (its completions wire), likewise
     GET  /v1/models (and /models), /health
     POST /bench/arm, /bench/release                     holding (answer.Hold): held streams wait
                                                         from arm until release; release answers
@@ -27,7 +28,7 @@ from faithproxy.testing.wire import error_body
 
 _NOT_FOUND = Answer.json(404, error_body("not found", "NotFoundError"))
 _BAD_JSON = Answer.json(400, error_body("bad json", "BadRequestError"))
-_CHAT = ("/v1/chat/completions", "/chat/completions")
+_CHAT = ("/v1/chat/completions", "/chat/completions", "/v1/completions")
 
 
 class UpstreamReset(RuntimeError):

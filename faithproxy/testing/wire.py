@@ -36,6 +36,23 @@ def delta(text: str, finish: str | None = None, field: str = "content") -> dict[
     }
 
 
+def text_delta(text: str, finish: str | None = None) -> dict[str, Any]:
+    """A /v1/completions chunk carrying `text` in `choices[0].text`."""
+    return {"id": "u1", "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+
+def text_completion(text: str) -> dict[str, Any]:
+    """A non-streamed /v1/completions answer of one choice."""
+    return {
+        "id": "u1",
+        "object": "text_completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+    }
+
+
 def usage_chunk(prompt_tokens: int = 5, completion_tokens: int = 3) -> dict[str, Any]:
     """The chunk vLLM sends after the last choice when the request asks for usage."""
     return {

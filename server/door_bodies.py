@@ -1,0 +1,36 @@
+"""The body parsers of the doors beside chat, for `admit` (server/admission.py).
+
+Light on purpose, like admission itself: off mode's pure-ASGI path (server/passthrough.py) parses with
+them. A parser refuses what no mode could serve (a PolicyError, 400, nothing sent upstream); what only
+the correcting modes cannot serve is refused by the door's serving object, so that `off` still passes it
+through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faithproxy.faithcore.errors import PolicyError
+from faithproxy.server.admission import _json_object, _model_and_stream
+
+
+def _is_prompt(prompt: Any) -> bool:
+    """A completions prompt as OpenAI takes it: a string, or a non-empty list of strings, of token ids,
+    or of token-id lists."""
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    return (
+        all(isinstance(p, str) for p in prompt)
+        or all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        or all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt)
+    )
+
+
+def parse_completions_body(raw: bytes) -> dict[str, Any]:
+    """A /v1/completions body, else a PolicyError (400). Unknown fields pass through untouched."""
+    body = _json_object(raw)
+    if "prompt" not in body or not _is_prompt(body["prompt"]):
+        raise PolicyError("'prompt' must be a string, or a non-empty list of strings or of token ids", param="prompt")
+    return _model_and_stream(body)

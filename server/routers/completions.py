@@ -1,0 +1,35 @@
+"""POST /v1/completions: admit the request, hand it to the serving object (server/completions.py).
+
+As thin as the chat door: admission is server/admission.py's with the completions body parser
+(server/door_bodies.py); `off` mode is mostly served before this router by server/passthrough.py.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from faithproxy.faithcore.errors import FaithproxyError
+from faithproxy.server.admission import admit, arrival, count_refused
+from faithproxy.server.door_bodies import parse_completions_body
+from faithproxy.server.errors import error_response
+from faithproxy.server.schema import COMPLETIONS_OPENAPI_EXTRA, COMPLETIONS_RESPONSES
+from faithproxy.server.state import StateDep
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/completions", response_model=None, openapi_extra=COMPLETIONS_OPENAPI_EXTRA, responses=COMPLETIONS_RESPONSES
+)
+async def completions(request: Request, state: StateDep) -> Response:
+    started = arrival()
+    try:
+        raw = await request.body()  # PayloadTooLarge from the size limit while reading
+        admitted = await admit(raw, request.headers, state, parse_completions_body, started=started)
+        from faithproxy.server.completions import CompletionServing  # loaded on first use, as chat's
+
+        return await CompletionServing(state, admitted).respond()
+    except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
+        count_refused(state.metrics, exc)
+        return error_response(exc)
