@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
 from faithproxy.server.image_urls import settle_media_urls
+from faithproxy.server.json_guard import load_json
 from faithproxy.server.limits import check_body
 from faithproxy.server.policy import RequestPolicy, policy_from_headers
 
@@ -98,10 +99,7 @@ def count_refused(metrics: Metrics, exc: FaithproxyError) -> None:
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
+    body = load_json(raw)  # bounded: no recursion or allocation without limit (server/json_guard.py)
     if not isinstance(body, dict):
         raise PolicyError("Request body must be a JSON object", code="invalid_json")
     return body

@@ -8,6 +8,8 @@
     images per request          check_body (admission)              400 too_many_images
     one data-URL image (bytes)  check_body (admission)              413 image_too_large
     max_tokens above the cap    check_body (admission)              400 max_tokens_too_large
+      (or MAX_TOKEN_COUNT)
+    JSON nesting, huge integers server/json_guard.py (admission)    400 nesting_too_deep, number_too_large
 
 The middleware is pure ASGI (starlette's BaseHTTPMiddleware would buffer streams and break
 contextvars). check_body runs in server/admission.py, the one admission path of every door and mode.
@@ -28,6 +30,7 @@ from faithproxy.server.errors import send_error
 from faithproxy.server.settings import Settings
 
 CHAT_PATH = "/v1/chat/completions"
+MAX_TOKEN_COUNT = 2**31 - 1  # no model generates more: a larger max_tokens is a 400 even with no cap
 COMPLETIONS_PATH = "/v1/completions"
 
 
@@ -134,9 +137,10 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
             value = body[name] = int(value)  # 256.0 is an integer in JSON Schema, and to vLLM
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PolicyError(f"'{name}' must be a positive integer.", param=name)
-        if cap is not None and value > cap:
+        limit = MAX_TOKEN_COUNT if cap is None else cap
+        if value > limit:
             raise PolicyError(
-                f"'{name}' is {value}, above this server's limit of {cap}.", param=name, code="max_tokens_too_large"
+                f"'{name}' is {value}, above this server's limit of {limit}.", param=name, code="max_tokens_too_large"
             )
     if cap is not None and not asked:
         body["max_tokens"] = cap

@@ -281,6 +281,30 @@ def test_regressions(body: dict[str, Any]) -> None:
     assert response.status_code == 200, response.text
 
 
+_HI = b'"model":"m","messages":[{"role":"user","content":"hi"}]'
+# Hostile bodies (issue 33): each was a 500 (RecursionError, ValueError) or reached vLLM; now a 400.
+MALFORMED = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b"{" + _HI + b',"tools":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    b"[{" * 50_000,
+    b"{" + _HI + b',"max_tokens":' + b"9" * 5000 + b"}",
+    b"{" + _HI + b',"seed":-' + b"9" * 30 + b"}",
+    b"{" + _HI + b',"max_tokens":1e300}',
+    b"{" + _HI + b',"max_completion_tokens":99999999999}',
+    b"{" + _HI + b',"temperature":NaN}',
+    b"{" + _HI + b',"top_p":Infinity}',
+]
+
+
+@pytest.mark.parametrize("raw", MALFORMED, ids=range(len(MALFORMED)))
+def test_malformed_bodies_are_400_in_every_variant(raw: bytes, app_in_process: InProcess) -> None:
+    for headers, content, _ in variants({"data": raw, "headers": {"content-type": "application/json"}}):
+        answer = app_in_process.call("POST", "/v1/chat/completions", headers, content)
+        assert answer.status_code == 400, answer.text[:300]
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"])
 def test_schemathesis_other_operations(path: str) -> None:
     if path == "/openapi.json":

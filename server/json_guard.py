@@ -1,0 +1,75 @@
+"""A request body's JSON, read with bounds: nesting depth and integer size are checked before or while
+parsing, so no body can make the parser recurse or allocate without bound.
+
+    input                                     found by                             answer
+    arrays/objects nested > MAX_DEPTH         a pre-scan of the raw bytes          400 nesting_too_deep
+    an integer of more than MAX_INT_DIGITS    json's parse_int hook, set only      400 number_too_large
+                                              when the bytes hold such a digit run
+    NaN, Infinity, -Infinity (not JSON)       json's parse_constant hook           400 invalid_json
+    anything else that is not JSON            json.loads                           400 invalid_json
+
+Python's json decoder recurses once per nesting level: a body nested 100,000 arrays deep raised
+RecursionError (a 500). The pre-scan needs no recursion: it drops strings (their brackets do not
+nest), keeps only the brackets, removes innermost pairs a few rounds at a time in C, and walks what is
+left once, stopping at the first level past the limit. Most bodies have fewer brackets than the limit
+and skip the scan altogether: off mode's admission stays cheap. Nothing here is asynchronous.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from faithproxy.faithcore.errors import PolicyError
+
+MAX_DEPTH = 64  # OpenAI bodies nest a handful of levels; tool parameter schemas a few more
+MAX_INT_DIGITS = 20  # every integer OpenAI takes (token counts, seeds) fits in 64 bits: 20 digits
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)  # unterminated: to the end (json refuses it)
+_LONG_DIGITS = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_EMPTY = re.compile(rb"\[\]|\{\}")  # one pass takes one level: "{[]}" becomes "{}", not ""
+_ROUNDS = 8  # pair-removal rounds done in C before the walk: wide bodies shrink to nothing in them
+
+
+def load_json(raw: bytes) -> Any:
+    """`raw` as a JSON value, or a PolicyError (400) for a body that is not JSON or exceeds the bounds."""
+    check_depth(raw)
+    hooks: dict[str, Any] = {"parse_constant": _no_constant}
+    if _LONG_DIGITS.search(raw):  # maybe in a string only: the hook sees numbers, never strings
+        hooks["parse_int"] = _bounded_int
+    try:
+        return json.loads(raw, **hooks)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+def check_depth(raw: bytes) -> None:
+    """A PolicyError (400 nesting_too_deep) when arrays and objects nest deeper than MAX_DEPTH. Brackets
+    that do not pair up are left for json.loads to refuse: only the depth matters here."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    removed = 0
+    while brackets and removed < _ROUNDS:
+        inner = _EMPTY.sub(b"", brackets)
+        if len(inner) == len(brackets):
+            break  # what is left does not pair up: json.loads will say so
+        brackets, removed = inner, removed + 1
+    depth = removed  # each round took one level off the deepest path
+    for byte in brackets:
+        depth += 1 if byte in (0x5B, 0x7B) else -1
+        if depth > MAX_DEPTH:
+            raise PolicyError(
+                f"Request body nests arrays and objects deeper than {MAX_DEPTH} levels.", code="nesting_too_deep"
+            )
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise PolicyError(f"Request body has an integer of more than {MAX_INT_DIGITS} digits.", code="number_too_large")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise PolicyError(f"Request body is not valid JSON: {name} is not a JSON number.", code="invalid_json")
