@@ -11,6 +11,9 @@ that ends at an earlier block boundary, which is why callers keep their block bo
 call to call. The reply's usage separates `input_tokens` (after the last cache hit or write),
 `cache_read_input_tokens` and `cache_creation_input_tokens`; all three are recorded. A prefix shorter
 than the model's minimum (1,024 tokens and up, by model) is silently not cached: both counts stay 0.
+
+The Messages API returns no token log-probabilities, so this judge's confidence in a flag is unknown
+(`Verdict.confidence` None, `null` in the step annotation; docs/judge.md, "Confidence").
 """
 
 from __future__ import annotations

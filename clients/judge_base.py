@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from faithproxy.clients.logprobs import TokenChoice
 from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import ImageRef
@@ -51,6 +52,9 @@ class JudgeConfig(BaseModel):
     # True: http(s) images are fetched by the proxy (under FAITHPROXY_IMAGE_FETCH__*, see
     # clients/image_fetch.py) and sent as base64; False: the judge gets the URL and fetches it itself.
     fetch_images: bool = False
+    # Log-probabilities asked of an OpenAI-compatible judge: how many alternatives per token (None: not
+    # asked; the judge's confidence is then unknown). Anthropic's API has none to give.
+    top_logprobs: int | None = Field(default=5, ge=1, le=20)
 
     def resolved_api_key(self) -> str:
         """The key: `api_key`, else the variable named by `api_key_env`, else the SDK's usual variable.
@@ -112,6 +116,8 @@ class JudgeResult:
     latency_s: float
     cached_input_tokens: int = 0
     cache_creation_tokens: int = 0
+    # the reply's tokens with their log-probabilities, when the backend asked for them and got them
+    tokens: tuple[TokenChoice, ...] | None = None
 
     def usage(self) -> JudgeUsage:
         """This call as one line of a request's judge bill."""
@@ -229,6 +235,10 @@ class SdkJudge(JudgeBackend):
     def _read(self, reply: Any) -> tuple[str, TokenCounts]:
         """(text, usage) of a reply; raises when the reply has the wrong shape."""
 
+    def _tokens(self, reply: Any) -> tuple[TokenChoice, ...] | None:
+        """The reply's tokens with log-probabilities; None where the vendor gives none."""
+        return None
+
     async def complete(self, system: str, user: UserTurn, images: Sequence[ImageRef] = ()) -> JudgeResult:
         started = time.perf_counter()
         blocks = [TextBlock(user)] if isinstance(user, str) else list(user)
@@ -238,6 +248,7 @@ class SdkJudge(JudgeBackend):
             raise map_sdk_error(self.name, exc, self.errors) from exc
         try:  # the SDKs do not validate bodies: a reply of the wrong shape fails here
             text, tokens = self._read(reply)
+            logprobs = self._tokens(reply)
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
             raise map_sdk_error(self.name, exc, self.errors) from exc
         if not text.strip():
@@ -249,6 +260,7 @@ class SdkJudge(JudgeBackend):
             time.perf_counter() - started,
             cached_input_tokens=tokens.cached_input_tokens,
             cache_creation_tokens=tokens.cache_creation_tokens,
+            tokens=logprobs,
         )
 
     async def aclose(self) -> None:

@@ -10,6 +10,10 @@ they have seen, token for token. So the text blocks are joined into ONE text par
 the prompt, and therefore its tokens, never depend on where a caller cut it into blocks. The cached
 share of the prompt comes from `usage.prompt_tokens_details.cached_tokens` (vLLM fills it when started
 with `--enable-prompt-tokens-details`; without it every prompt token counts as uncached).
+
+With `top_logprobs` set (the default) the call asks for the reply's token log-probabilities, which the
+judge detector turns into its confidence in a flag (detectors/judge_confidence.py); vLLM serves them
+for any model.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import openai
 
 from faithproxy.clients.judge_base import SdkErrorClasses, SdkJudge, TextBlock, TokenCounts, turn_text, usage_tokens
+from faithproxy.clients.logprobs import TokenChoice, completion_tokens
 from faithproxy.faithcore.images import ImageRef
 
 
@@ -35,6 +40,8 @@ class OpenAICompatibleJudge(SdkJudge):
         extra: dict[str, Any] = {}
         if self.config.temperature is not None:
             extra["temperature"] = self.config.temperature
+        if self.config.top_logprobs is not None:
+            extra.update(logprobs=True, top_logprobs=self.config.top_logprobs)
         return await self._client.chat.completions.create(
             model=self.config.model,
             max_tokens=self.config.max_tokens,
@@ -52,3 +59,6 @@ class OpenAICompatibleJudge(SdkJudge):
             output_tokens=usage_tokens(usage, "completion_tokens"),
             cached_input_tokens=cached,
         )
+
+    def _tokens(self, reply: Any) -> tuple[TokenChoice, ...] | None:
+        return completion_tokens(reply)

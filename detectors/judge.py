@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.clients.judge_base import JudgeBackend, JudgeResult
 from faithproxy.detectors.base import Detector
+from faithproxy.detectors.judge_confidence import flag_confidence
 from faithproxy.detectors.judge_prompt import (
     JUDGE_SYSTEM_PROMPT,
     JudgeReply,
@@ -155,7 +156,7 @@ class JudgeDetector(Detector):
             return CheckResult(_passed_for_budget(view, new_steps, reason))
         accepted = [step.text for step in view.accepted]
         sentences = accepted + [step.text for step in new_steps]
-        reply, latency = await self._ask(view, backend, sentences, already_checked=len(accepted))
+        reply, latency, confidence = await self._ask(view, backend, sentences, already_checked=len(accepted))
         offset = len(accepted)
         if reply.first_unfaithful is not None and reply.first_unfaithful < offset:
             logger.warning(
@@ -165,10 +166,10 @@ class JudgeDetector(Detector):
                 view.request_id,
             )
             sentences = sentences[offset:]
-            reply, again = await self._ask(view, backend, sentences, already_checked=0, stable=False)
+            reply, again, confidence = await self._ask(view, backend, sentences, already_checked=0, stable=False)
             latency += again
             offset = 0
-        return CheckResult(_verdicts(reply, new_steps, offset, reason, latency))
+        return CheckResult(_verdicts(reply, new_steps, offset, reason, latency, confidence))
 
     async def _ask(
         self,
@@ -178,8 +179,9 @@ class JudgeDetector(Detector):
         *,
         already_checked: int,
         stable: bool = True,
-    ) -> tuple[JudgeReply, float]:
-        """One call. `stable`: the chain starts at sentence 1 of the request (not the fallback's slice),
+    ) -> tuple[JudgeReply, float, float | None]:
+        """One call: the reply, its latency and the judge's confidence in its flag (None: no flag, or
+        unknown). `stable`: the chain starts at sentence 1 of the request (not the fallback's slice),
         so its cuts are the request's and are remembered for the next prompt."""
         state = view.judge_state
         key = (backend.name, tuple(image.sha256 for image in view.images))
@@ -217,7 +219,8 @@ class JudgeDetector(Detector):
             state.description = " ".join(reply.description.split())
             state.descriptions += 1
             self.descriptions.put(key, state.description)
-        return reply, result.latency_s
+        confidence = flag_confidence(result.tokens) if reply.first_unfaithful is not None else None
+        return reply, result.latency_s, confidence
 
     async def aclose(self) -> None:
         for backend in self.judges.values():
@@ -245,7 +248,9 @@ def _passed_for_budget(view: RequestView, new_steps: list[Step], reason: str) ->
     )
 
 
-def _verdicts(reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float) -> list[Verdict]:
+def _verdicts(
+    reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float, confidence: float | None
+) -> list[Verdict]:
     verdicts = []
     first = reply.first_unfaithful
     for i, step in enumerate(new_steps):
@@ -258,5 +263,6 @@ def _verdicts(reply: JudgeReply, new_steps: list[Step], offset: int, reason: str
         else:
             faithfulness = Faithfulness.UNKNOWN
         why = f"{reason}:not_reached" if faithfulness is Faithfulness.UNKNOWN else reason
-        verdicts.append(Verdict(faithfulness, "judge", kind=kind, reason=why, latency_s=latency_s))
+        sure = confidence if faithfulness is Faithfulness.UNFAITHFUL else None
+        verdicts.append(Verdict(faithfulness, "judge", kind=kind, reason=why, latency_s=latency_s, confidence=sure))
     return verdicts

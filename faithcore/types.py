@@ -52,6 +52,9 @@ class Verdict:
     reason: str | None = None
     latency_s: float = 0.0
     score: float | None = None  # P(unfaithful) when the detector has one (probe)
+    # P(UNFAITHFUL) of a judge's flag, read from its token log-probabilities; None: unknown (a judge
+    # without log-probabilities, or a verdict that is not a flag)
+    confidence: float | None = None
     # Why an UNKNOWN verdict was given without asking, when the detector says so (the judge's "budget"):
     # the step's unchecked reason, instead of the default the session would assume.
     unchecked: str | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from faithproxy.faithcore.types import Faithfulness, Step, StepKind
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 
 def step_annotation(step: Step) -> dict[str, Any]:
@@ -26,9 +26,16 @@ def step_annotation(step: Step) -> dict[str, Any]:
         "attempts": step.attempts,
         "regenerated": step.original_text is not None,
         "residual": step.residual,
+        **({"confidence": _confidence(first)} if first is not None and first.unfaithful else {}),
         **({"original_text": step.original_text} if step.original_text is not None else {}),
         **({"unchecked_reason": step.unchecked_reason} if step.unchecked_reason else {}),
     }
+
+
+def _confidence(verdict: Verdict) -> float | None:
+    """A flag's confidence as the client sees it; None (null) when the detector could not say how sure
+    it was (a judge without log-probabilities, a detector without a score)."""
+    return round(verdict.confidence, 4) if verdict.confidence is not None else None
 
 
 def upr_counts(steps: list[Step]) -> dict[str, Any]:
@@ -82,6 +89,7 @@ def trace_steps(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "verdict": s.verdict.faithfulness.value if s.verdict else None,
                 "detected": s.first_verdict.faithfulness.value if s.first_verdict else None,
                 "score": s.first_verdict.score if s.first_verdict else None,
+                "confidence": s.first_verdict.confidence if s.first_verdict else None,
                 "attempts": s.attempts,
                 "rejected": list(s.rejected),
                 "residual": s.residual,

@@ -1,0 +1,136 @@
+"""The judge's confidence in a flag, read from token log-probabilities: from replies of the learned
+ShapesWorld judge recorded on real vLLM (tests/detectors/vllm_logprobs/, stream and non-stream), through
+the OpenAI-compatible backend (the real openai SDK over httpx.MockTransport, serving a recorded body),
+into the detector's verdict and the client's annotation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from faithproxy.clients.judges import JudgeConfig, OpenAICompatibleJudge
+from faithproxy.clients.logprobs import TokenChoice, completion_tokens, stream_tokens
+from faithproxy.detectors.judge import JudgeDetector
+from faithproxy.detectors.judge_confidence import flag_confidence, number_probability, verdict_probability
+from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, parse_judge_reply
+from faithproxy.faithcore.context import RequestView
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind
+from faithproxy.server.summary import step_annotation, trace_steps
+
+RECORDED = Path(__file__).parent / "vllm_logprobs"
+
+
+def recorded(name: str) -> Any:
+    return json.loads((RECORDED / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("label", ["unfaithful", "faithful"])
+def test_stream_and_non_stream_give_the_same_tokens_and_confidence(label: str) -> None:
+    whole = completion_tokens(recorded(label))
+    streamed = stream_tokens(recorded(f"{label}_stream"))
+    assert whole is not None and whole == streamed
+    text = recorded(label)["choices"][0]["message"]["content"]
+    assert "".join(t.token for t in whole).startswith(text)  # vLLM also lists the end-of-turn token
+    assert flag_confidence(whole) == flag_confidence(streamed)
+
+
+def test_a_sure_flag_and_a_hesitant_one_read_from_real_vllm_logprobs() -> None:
+    # a truly unfaithful sentence: UNFAITHFUL at 0.68 against FAITHFUL, sentence 2 certain
+    sure = completion_tokens(recorded("unfaithful"))
+    assert sure is not None
+    p_unf, p_f = math.exp(-0.39232), math.exp(-1.12888)
+    assert verdict_probability(sure) == pytest.approx(p_unf / (p_unf + p_f), abs=2e-3)
+    assert number_probability(sure) == pytest.approx(1.0, abs=1e-4)
+    # a false flag on a faithful chain: the judge also hesitates between sentences 2 and 3
+    false_flag = completion_tokens(recorded("faithful"))
+    assert false_flag is not None
+    assert verdict_probability(false_flag) == pytest.approx(0.790, abs=2e-3)
+    assert number_probability(false_flag) == pytest.approx(math.exp(-0.16457), abs=1e-3)
+    assert flag_confidence(false_flag) == pytest.approx(0.790 * math.exp(-0.16457), abs=2e-3)
+
+
+def test_a_verdict_spelled_in_pieces_and_unknown_cases() -> None:
+    pieces = (
+        TokenChoice("[Faith", 0.0),
+        TokenChoice("fulness]:", 0.0),
+        TokenChoice(" UN", math.log(0.6), ((" UN", math.log(0.6)), (" FA", math.log(0.3)), (" maybe", math.log(0.1)))),
+        TokenChoice("FAITHFUL", 0.0),
+        TokenChoice("\n[First unfaithful sentence]: ", 0.0),
+        TokenChoice("1", math.log(0.5), (("1", math.log(0.5)), ("2", math.log(0.5)))),
+        TokenChoice("2", 0.0),
+    )
+    assert verdict_probability(pieces) == pytest.approx(0.6 / 0.9)
+    assert number_probability(pieces) == pytest.approx(0.5)  # "12": both of its tokens count
+    assert flag_confidence(None) is None and flag_confidence(()) is None
+    assert flag_confidence((TokenChoice("no verdict here", 0.0),)) is None
+    assert verdict_probability((TokenChoice("[Faithfulness]: ", 0.0), TokenChoice("maybe", 0.0))) is None
+
+
+def mock_judge(body: dict[str, Any], seen: list[dict[str, Any]], **options: Any) -> OpenAICompatibleJudge:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=body)
+
+    judge = OpenAICompatibleJudge(JudgeConfig(name="vllm", backend="openai", model="m", api_key="k"))  # type: ignore[arg-type]
+    judge._client = openai.AsyncOpenAI(
+        api_key="k",
+        base_url="http://127.0.0.1:9/v1",
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    return judge
+
+
+async def test_the_openai_backend_asks_for_logprobs_and_the_verdict_carries_the_confidence() -> None:
+    seen: list[dict[str, Any]] = []
+    body = recorded("unfaithful")
+    judge = mock_judge(body, seen)
+    detector = JudgeDetector({"vllm": judge}, "vllm")
+    texts = ["There are three objects.", "The square is red."]
+    accepted = [Step(index=0, text=texts[0], raw=texts[0], kind=StepKind.PERCEPTION)]
+    new = [Step(index=1, text=texts[1], raw=texts[1], kind=StepKind.PERCEPTION)]
+    view = RequestView("r", "m", [], "How many?", (), accepted=tuple(accepted))
+    try:
+        verdicts = (await detector.check(view, new)).verdicts
+    finally:
+        await detector.aclose()
+    assert seen[0]["logprobs"] is True and seen[0]["top_logprobs"] == 5
+    assert parse_judge_reply(body["choices"][0]["message"]["content"], texts).first_unfaithful == 1
+    (verdict,) = verdicts
+    assert verdict.faithfulness is Faithfulness.UNFAITHFUL
+    assert verdict.confidence == pytest.approx(flag_confidence(completion_tokens(body)))
+    step = new[0]
+    step.verdict = step.first_verdict = verdict
+    assert step_annotation(step)["confidence"] == round(verdict.confidence or 0.0, 4)
+    assert trace_steps([step])[0]["confidence"] == verdict.confidence
+
+
+async def test_without_logprobs_the_confidence_is_unknown_and_visible() -> None:
+    seen: list[dict[str, Any]] = []
+    body = recorded("unfaithful")
+    body["choices"][0]["logprobs"] = None  # a server that gives none (or a judge configured not to ask)
+    judge = mock_judge(body, seen)
+    result = await judge.complete(JUDGE_SYSTEM_PROMPT, "x")
+    await judge.aclose()
+    assert result.tokens is None
+    unsure_off = OpenAICompatibleJudge(
+        JudgeConfig(name="q", backend="openai", model="m", api_key="k", top_logprobs=None)
+    )  # type: ignore[arg-type]
+    unsure_off._client = mock_judge(body, seen)._client
+    await unsure_off.complete(JUDGE_SYSTEM_PROMPT, "x")
+    await unsure_off.aclose()
+    assert "logprobs" not in seen[-1] and "top_logprobs" not in seen[-1]
+    texts = ["There are three objects.", "The square is red."]
+    step = Step(index=1, text=texts[1], raw=texts[1], kind=StepKind.PERCEPTION)
+    detector = JudgeDetector({"vllm": mock_judge(body, seen)}, "vllm")
+    accepted = (Step(index=0, text=texts[0], raw=texts[0], kind=StepKind.PERCEPTION),)
+    (verdict,) = (await detector.check(RequestView("r", "m", [], "Q?", (), accepted=accepted), [step])).verdicts
+    await detector.aclose()
+    assert verdict.unfaithful and verdict.confidence is None
+    step.verdict = step.first_verdict = verdict
+    assert step_annotation(step)["confidence"] is None  # shown as null: the judge could not say

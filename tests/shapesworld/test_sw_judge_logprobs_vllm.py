@@ -1,0 +1,75 @@
+"""The learned ShapesWorld judge on real vLLM with log-probabilities on: the judge detector, through the
+OpenAI-compatible backend, reads its confidence in a flag from the reply's tokens (the call recorded in
+tests/detectors/vllm_logprobs/unfaithful.json, made again live)."""
+
+import base64
+import importlib.util
+import io
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from faithproxy.benchmarks.evaluation.shapesworld_bench import JUDGE_SERVED_NAME, JUDGE_WEIGHTS_DIR
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not (JUDGE_WEIGHTS_DIR / "config.json").is_file(), reason="no committed judge weights"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def judge_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import start_judge
+    from faithproxy.tinyvlm.serve import VLLMStartError
+
+    try:
+        judge = start_judge(JUDGE_WEIGHTS_DIR, tmp_path_factory.mktemp("judge-vllm") / "vllm.log")
+    except VLLMStartError as exc:
+        pytest.fail(str(exc))
+    with judge:
+        yield judge
+
+
+async def test_the_learned_judge_s_flag_carries_its_confidence(judge_server: Any) -> None:
+    from faithproxy.clients.judges import JudgeConfig, build_judge
+    from faithproxy.detectors.judge import JudgeDetector
+    from faithproxy.detectors.judge_prompt import parse_judge_prompt_details
+    from faithproxy.faithcore.context import RequestView
+    from faithproxy.faithcore.images import parse_image_url
+    from faithproxy.faithcore.types import Faithfulness, Step, StepKind
+    from faithproxy.shapesworld.model.judge_corpus import judge_seed, judge_stream
+    from faithproxy.shapesworld.model.train_judge import truth_of
+
+    samples = itertools.islice(judge_stream(judge_seed(7)), 200)
+    sample = next(
+        s for s in samples if truth_of(s) is not None and not parse_judge_prompt_details(s.text).asks_description
+    )
+    prompt = parse_judge_prompt_details(sample.text)
+    buffer = io.BytesIO()
+    sample.image().save(buffer, format="PNG")
+    image = parse_image_url("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    config = JudgeConfig(
+        name="learned",
+        backend="openai",
+        model=JUDGE_SERVED_NAME,
+        base_url=judge_server.openai_base_url,
+        api_key="EMPTY",  # type: ignore[arg-type]
+        max_tokens=64,
+        temperature=0.0,
+        timeout_s=120,
+    )
+    detector = JudgeDetector({"learned": build_judge(config)}, "learned")
+    as_steps = [Step(index=i, text=t, raw=t, kind=StepKind.PERCEPTION) for i, t in enumerate(prompt.sentences)]
+    view = RequestView("r", "m", [], prompt.question, (image,), accepted=tuple(as_steps[: prompt.already_checked]))
+    view.judge_state.description = prompt.description  # the call as the corpus wrote it, description given
+    try:
+        verdicts = (await detector.check(view, as_steps[prompt.already_checked :])).verdicts
+    finally:
+        await detector.aclose()
+    flagged = [v for v in verdicts if v.faithfulness is Faithfulness.UNFAITHFUL]
+    assert len(flagged) == 1 and verdicts.index(flagged[0]) + prompt.already_checked == truth_of(sample)
+    # recorded: UNFAITHFUL at 0.68 against FAITHFUL at 0.32, the sentence number certain
+    assert flagged[0].confidence == pytest.approx(0.676, abs=0.05)
