@@ -2,13 +2,16 @@
 
     .venv/bin/python -m faithproxy.benchmarks.performance.stream_parity --baseline SITE [--requests 12]
 
-vLLM (CPU) serves the ShapesWorld model and the local pixel judge answers, as in cpu_per_token.py, whose
+vLLM (CPU) serves the ShapesWorld model and a local pixel judge answers, as in cpu_per_token.py, whose
 harness this reuses; two proxies run in front of them, this checkout and the faithproxy installed in SITE
-(`pip install --no-deps --target SITE <checkout>`). Every configuration (off, correct with no detector,
-correct and detect with the judge; streamed and not) sends each held-out question to both, one request
-at a time (greedy decoding, seeded rewrites: vLLM answers alike), and compares what the client received:
-every SSE frame or the JSON body, with what differs by nature removed (ids, `created`, timings). It prints
-the identical count per configuration and writes the first differences; exit 1 when any differ.
+(`pip install --no-deps --target SITE <checkout>`), each with a judge process of its own (the stand-in
+models a prompt cache: a shared one would bill the second proxy's calls as cache reads). Every
+configuration (off, correct with no detector, correct and detect with the judge; streamed and not) sends
+each held-out question to both, one request at a time (greedy decoding, seeded rewrites: vLLM answers
+alike), and compares what the client received: every SSE frame or the JSON body, with what differs by
+nature removed (ids, `created`, timings; in detect mode, where verdict frames follow the judge's pace,
+the text frames and the verdict frames are compared each in order, not their interleaving). It prints
+the identical count per configuration and writes the differences; exit 1 when any differ.
 """
 
 from __future__ import annotations
@@ -52,12 +55,15 @@ async def received(http: httpx.AsyncClient, proxy: Proxy, config: Config, body: 
         raw = await r.aread()
     if not config.stream or not r.headers.get("content-type", "").startswith("text/event-stream"):
         return [r.status_code, normalise(json.loads(raw))]
-    frames: list[Any] = [r.status_code]
+    frames: list[Any] = []
     for line in raw.decode().split("\n\n"):
         if line.startswith("data: "):
             data = line[6:]
             frames.append(data if data == "[DONE]" else normalise(json.loads(data)))
-    return frames
+    if config.mode == "detect":  # verdicts come when the judge answers: their place among the text varies
+        verdicts = [f for f in frames if isinstance(f, dict) and "verdicts" in f.get("faithfulness", {})]
+        frames = [f for f in frames if f not in verdicts] + ["verdicts:", *verdicts]
+    return [r.status_code, *frames]
 
 
 async def compare(proxies: list[Proxy], model: str, count: int, max_tokens: int, out: Path) -> dict[str, list[int]]:
@@ -85,20 +91,22 @@ def run(args: argparse.Namespace) -> dict[str, list[int]]:
     from faithproxy.tinyvlm.serve import start_vllm
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-parity-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    for folder in (workdir / "after", workdir / "before"):
+        folder.mkdir(parents=True, exist_ok=True)
     started: list[processes.Child] = []
     try:
         vllm = start_vllm(WEIGHTS_DIR, log_path=workdir / "vllm.log")
         started.append(vllm.child)
         model = httpx.get(f"{vllm.base_url}/v1/models", trust_env=False).json()["data"][0]["id"]
-        judge, judge_url = start_pixel_judge(workdir)
-        started.append(judge)
+        judges = [start_pixel_judge(workdir / name) for name in ("after", "before")]
+        started += [judge for judge, _ in judges]
         proxies = [
-            start_proxy("faithproxy", vllm.base_url, judge_url, workdir, None),
-            start_proxy("faithproxy-before", vllm.base_url, judge_url, workdir, Path(args.baseline).resolve()),
+            start_proxy("faithproxy", vllm.base_url, judges[0][1], workdir, None),
+            start_proxy("faithproxy-before", vllm.base_url, judges[1][1], workdir, Path(args.baseline).resolve()),
         ]
         started += [p.child for p in proxies]
-        judge.wait_healthy(f"{judge_url}/_stats", 60)
+        for judge, judge_url in judges:
+            judge.wait_healthy(f"{judge_url}/_stats", 60)
         for proxy in proxies:
             proxy.child.wait_healthy(f"{proxy.url}/readyz", 60)
         print(f"differences, if any, go to {workdir}", flush=True)
