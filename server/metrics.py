@@ -13,9 +13,10 @@ or unchecked):
   residual UPR = sum(rate(faithproxy_residual_steps_total[5m]))
                / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
 
-The judge's bill: faithproxy_judge_tokens_total{judge,kind} counts every judge call's tokens as it
+The judge's bill: faithproxy_judge_tokens_total{judge,kind,policy} counts every judge call's tokens as it
 returns, kind input (fresh prompt tokens), cached_input (read from the judge's prompt cache),
-cache_creation (written to it) and output; faithproxy_judge_calls_total{judge} the calls.
+cache_creation (written to it) and output, and policy the name of the API key's policy that sent the
+request (server/key_policy.py; "default" without a policy file); faithproxy_judge_calls_total{judge} the calls.
 
   judge tokens per perception step = sum(rate(faithproxy_judge_tokens_total[5m]))
                                    / sum(rate(faithproxy_steps_total{kind="perception"}[5m]))
@@ -211,8 +212,9 @@ class Metrics:
         self.judge_tokens = Counter(
             "faithproxy_judge_tokens_total",
             "Judge tokens by judge and kind (input: fresh prompt tokens; cached_input: read from the judge's "
-            "prompt cache; cache_creation: written to it; output).",
-            ["judge", "kind"],
+            "prompt cache; cache_creation: written to it; output), and by the name of the API key's policy "
+            "(FAITHPROXY_POLICY_FILE; default without one).",
+            ["judge", "kind", "policy"],
             registry=registry,
         )
         self.judge_calls = Counter(
@@ -234,6 +236,7 @@ class Metrics:
             ["result"],
             registry=registry,
         )
+        self._judges: list[str] = []  # the configured judges, for the series of policies learnt later
         self._preinit(list(detectors))
         self.preinit_judges(judges)
 
@@ -244,19 +247,23 @@ class Metrics:
         for name in names:
             for outcome in POLICY_OUTCOMES:
                 self.policy_requests.labels(name, outcome)
+        self.preinit_judges((), names)
 
-    def preinit_judges(self, judges: Iterable[str]) -> None:
-        """Create the judge-bill series of every configured judge, so their rates exist at zero."""
-        for judge in judges:
+    def preinit_judges(self, judges: Iterable[str], policies: Iterable[str] = ("default",)) -> None:
+        """Create the judge-bill series of every configured judge (for each key policy), so their rates
+        exist at zero."""
+        self._judges = list(dict.fromkeys([*self._judges, *judges]))
+        for judge in self._judges:
             self.judge_calls.labels(judge)
             for kind in JUDGE_TOKEN_KINDS:
-                self.judge_tokens.labels(judge, kind)
+                for policy in policies:
+                    self.judge_tokens.labels(judge, kind, policy)
 
-    def count_judge_call(self, judge: str, call: JudgeUsage) -> None:
-        """One judge call's bill (RequestView.judge_state.on_call)."""
+    def count_judge_call(self, judge: str, call: JudgeUsage, policy: str = "default") -> None:
+        """One judge call's bill (RequestView.judge_state.on_call); `policy`: the API key policy's name."""
         self.judge_calls.labels(judge).inc(call.calls)
         for kind, name in JUDGE_TOKEN_KINDS.items():
-            self.judge_tokens.labels(judge, kind).inc(getattr(call, name))
+            self.judge_tokens.labels(judge, kind, policy).inc(getattr(call, name))
 
     def _preinit(self, detectors: list[str]) -> None:
         for name in detectors:

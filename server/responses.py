@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.admission import Admitted
 from faithproxy.server.errors import error_frame, error_response
 from faithproxy.server.hints import apply_hints, collect_hints
+from faithproxy.server.judge_bill import FIELD as JUDGE_USAGE
+from faithproxy.server.judge_bill import bill_header, judge_bill
 from faithproxy.server.reports import report
 from faithproxy.server.session import CHAT_WIRE, ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
 from faithproxy.server.sse import DONE, ChunkFactory, frame
@@ -84,7 +87,9 @@ class ChatServing:
             judge=self.policy.judge,
             options=self.policy.detector_options(),
         )
-        view.judge_state.on_call = self.state.metrics.count_judge_call  # the judge's bill, call by call
+        # the judge's bill, call by call, by the API key policy's name
+        count = self.state.metrics.count_judge_call
+        view.judge_state.on_call = functools.partial(count, policy=self.admitted.key_policy)
         detector.validate_request(view)  # ProbeMismatch (409) before anything is sent upstream
         self.session = ChainSession(
             settings=self.state.settings,
@@ -158,7 +163,7 @@ class ChatServing:
                 item = await anext(events, None)
             stream_options = self.body.get("stream_options") or {}
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
-                yield frame(chunks.usage_chunk(dict(self.session.result().usage)))
+                yield frame({**chunks.usage_chunk(dict(self.session.result().usage)), **self._judge_usage()})
             yield DONE
         except FaithproxyError as exc:
             self.error = exc
@@ -196,7 +201,8 @@ class ChatServing:
             verdicts = {"faithfulness": {"verdicts": [step_annotation(s) for s in item.steps]}}
             return [frame(chunks.chunk({}, extra=verdicts))]
         assert isinstance(item, EmitEnd)
-        end = chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra={"faithfulness": self._summary()})
+        extra = {"faithfulness": self._summary(), **self._judge_usage()}
+        end = chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra=extra)
         return [frame(end)]
 
     # ---- non-stream ---------------------------------------------------------------------------
@@ -221,7 +227,8 @@ class ChatServing:
         finally:
             await _aclose(events)
             self._finish()
-        return JSONResponse(self._body(finish_reason, extras), headers=self.headers)
+        headers = {**self.headers, **bill_header(judge_bill(self.session.view.judge_state))}
+        return JSONResponse(self._body(finish_reason, extras), headers=headers)
 
     def _body(self, finish_reason: str | None, extras: dict[str, Any]) -> dict[str, Any]:
         """The non-streamed response from what the session emitted."""
@@ -237,6 +244,7 @@ class ChatServing:
             "model": self.body["model"],
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason or "stop"}],
             "usage": dict(self.session.result().usage),
+            **self._judge_usage(),
             "faithfulness": self._summary(),
         }
         return body
@@ -251,6 +259,11 @@ class ChatServing:
         return Passthrough(self.state, self.admitted, path=self.wire.path)
 
     # ---- accounting ---------------------------------------------------------------------------
+
+    def _judge_usage(self) -> dict[str, Any]:
+        """The judge's bill beside `usage` (server/judge_bill.py)."""
+        assert self.session is not None
+        return {JUDGE_USAGE: judge_bill(self.session.view.judge_state)}
 
     def _summary(self) -> dict[str, Any]:
         assert self.session is not None

@@ -21,7 +21,7 @@ from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.metrics import JUDGE_TOKEN_KINDS
 from faithproxy.server.settings import Settings
-from faithproxy.testing import FakeUpstream, metric, running_app, threaded_app
+from faithproxy.testing import FakeUpstream, frames, metric, running_app, threaded_app
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
 
@@ -64,7 +64,7 @@ async def test_the_bill_is_in_the_summary_the_trace_and_the_metrics(tmp_path: Pa
         metrics = await p.metrics()
     assert response.status_code == 200
     for kind in JUDGE_TOKEN_KINDS:  # pre-initialised: the rates exist before the first call
-        assert f'faithproxy_judge_tokens_total{{judge="j",kind="{kind}"}} 0.0' in before
+        assert f'faithproxy_judge_tokens_total{{judge="j",kind="{kind}",policy="default"}} 0.0' in before
     assert 'faithproxy_judge_calls_total{judge="j"} 0.0' in before
     bill = response.json()["faithfulness"]["judge"]
     assert bill["calls"] == p.judge.requests >= 1
@@ -78,6 +78,37 @@ async def test_the_bill_is_in_the_summary_the_trace_and_the_metrics(tmp_path: Pa
     assert metric(metrics, "faithproxy_judge_calls_total", judge="j") == bill["calls"]
     for kind, field in JUDGE_TOKEN_KINDS.items():
         assert metric(metrics, "faithproxy_judge_tokens_total", judge="j", kind=kind) == bill[field]
+
+
+async def test_the_bill_is_beside_usage_and_counted_by_key_policy(tmp_path: Path) -> None:
+    """`faithproxy_judge_usage` beside `usage`: the body and a header of a non-streamed response, a
+    stream's last chunk and its usage chunk; the metric labelled with the key policy's name."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('keys:\n  - {name: app, key: "fp-app-key-123456"}\n')
+    settings = {"policy_file": str(policy), "api_keys": ["fp-plain-key-654321"]}  # the plain key: default policy
+    async with proxy(tmp_path, **settings) as p, httpx.AsyncClient(timeout=15) as http:
+        url, auth = f"{p.url}/v1/chat/completions", {"authorization": "Bearer fp-app-key-123456"}
+        whole = await http.post(url, json=BODY, headers=auth)
+        calls_before_stream = p.judge.requests
+        request = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+        streamed = await http.post(url, json=request, headers={"authorization": "Bearer fp-plain-key-654321"})
+        metrics = await p.metrics()
+    body = whole.json()
+    bill = body["faithproxy_judge_usage"]
+    assert set(bill) == {"calls", "input_tokens", "cached_input_tokens", "cache_creation_tokens", "output_tokens"}
+    assert bill["calls"] == calls_before_stream >= 1 and bill["output_tokens"] > 0
+    assert {k: body["faithfulness"]["judge"][k] for k in bill} == bill
+    assert whole.headers["x-faithproxy-judge-usage"] == ", ".join(f"{k}={v}" for k, v in bill.items())
+    chunks = [json.loads(data) for data in frames(streamed.text) if data != "[DONE]"]
+    (end,) = [c for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")]
+    usage_chunk = chunks[-1]
+    assert usage_chunk["usage"] and usage_chunk["faithproxy_judge_usage"] == end["faithproxy_judge_usage"]
+    stream_bill = end["faithproxy_judge_usage"]
+    assert stream_bill["calls"] == p.judge.requests - calls_before_stream >= 1
+    for kind, field in JUDGE_TOKEN_KINDS.items():
+        assert metric(metrics, "faithproxy_judge_tokens_total", judge="j", kind=kind, policy="app") == bill[field]
+        default = metric(metrics, "faithproxy_judge_tokens_total", judge="j", kind=kind, policy="default")
+        assert default == stream_bill[field]
 
 
 async def test_past_the_budget_perception_steps_pass_unchecked_and_the_request_succeeds(tmp_path: Path) -> None:

@@ -97,14 +97,16 @@ def test_judge_bill_series_are_preinitialised_per_judge_and_count_each_call() ->
     for judge in ("claude", "qwen"):
         assert registry.get_sample_value("faithproxy_judge_calls_total", {"judge": judge}) == 0.0
         for kind in ("input", "cached_input", "cache_creation", "output"):
-            assert registry.get_sample_value("faithproxy_judge_tokens_total", {"judge": judge, "kind": kind}) == 0.0
+            labels = {"judge": judge, "kind": kind, "policy": "default"}
+            assert registry.get_sample_value("faithproxy_judge_tokens_total", labels) == 0.0
     call = JudgeUsage(calls=1, input_tokens=40, cached_input_tokens=1200, cache_creation_tokens=30, output_tokens=9)
     metrics.count_judge_call("claude", call)
     metrics.count_judge_call("claude", call)
     assert registry.get_sample_value("faithproxy_judge_calls_total", {"judge": "claude"}) == 2.0
     expected = {"input": 80.0, "cached_input": 2400.0, "cache_creation": 60.0, "output": 18.0}
     for kind, value in expected.items():
-        assert registry.get_sample_value("faithproxy_judge_tokens_total", {"judge": "claude", "kind": kind}) == value
+        labels = {"judge": "claude", "kind": kind, "policy": "default"}
+        assert registry.get_sample_value("faithproxy_judge_tokens_total", labels) == value
     assert set(JUDGE_TOKEN_KINDS.values()) == {"input_tokens", "cached_input_tokens", "cache_creation_tokens",
                                                "output_tokens"}  # fmt: skip
 
