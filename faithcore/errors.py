@@ -7,6 +7,8 @@
     │   │                                                         or one that could not be fetched)
     │   ├── PayloadTooLarge         413 invalid_request_error   (request body or one image too large)
     │   ├── HeadersTooLarge         431 invalid_request_error
+    │   ├── RequestTimeout          408 invalid_request_error   (headers or body not in within the client
+    │   │                                                         timeouts: server/connections.py)
     │   ├── ProbeMismatch           409 invalid_request_error   (the probe was trained for another model
     │   │                                                         or other layers than it is asked to read)
     │   └── PolicyForbidden         403 invalid_request_error   (a header, or the default it falls back to,
@@ -100,6 +102,10 @@ class PayloadTooLarge(PolicyError):
 
 class HeadersTooLarge(PolicyError):
     status_code = 431
+
+
+class RequestTimeout(PolicyError):
+    status_code = 408
 
 
 class ProbeMismatch(PolicyError):

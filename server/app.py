@@ -7,6 +7,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -20,13 +21,15 @@ from faithproxy.detectors.registry import DetectorDeps, build_detectors
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
 from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
+from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
+from faithproxy.server.connections import connection_rules
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
 from faithproxy.server.key_policy import KeyPolicies
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
-from faithproxy.server.routers import chat, completions, faithfulness, ops
+from faithproxy.server.routers import chat, completions, faithfulness, ops, responses_api
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
@@ -72,7 +75,7 @@ def create_app(
     key_policies = _key_policies(settings, built_metrics)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         generator = VLLMClient(
             settings.upstream_url,
@@ -144,7 +147,8 @@ def create_app(
         except (UpstreamError, ValueError):
             log.warning("upstream %s not reachable at start; /readyz will say so", settings.upstream_url)
         try:
-            yield
+            # The ASGI lifespan state: uvicorn hands it to each connection (server/connections.py's timeouts).
+            yield {CONNECTIONS_STATE: connection_rules(settings, metrics)}
         finally:
             for detector in detectors.values():
                 await detector.aclose()  # the judge detector closes the judge backends it owns
@@ -160,6 +164,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(responses_api.router)
     app.include_router(ops.router)
     app.include_router(faithfulness.router)
     install_openapi(app, settings)

@@ -33,6 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from faithproxy.server import uvicorn_server
     from faithproxy.server.app import create_app
+    from faithproxy.server.connections import HTTP_PROTOCOL
 
     started = uvicorn_server.run(  # uvicorn.run's single process, without the housekeeping tick
         create_app(settings),
@@ -40,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
+        http=HTTP_PROTOCOL,  # client header, body and idle timeouts (server/connections.py)
     )
     return 0 if started else STARTUP_FAILURE
 
@@ -47,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Namespace) -> int:
     """N worker processes (server/workers.py): each builds its app from the environment, where the
     command line's settings are put first, and keeps its metrics in the shared multiprocess folder."""
+    from faithproxy.server.connections import HTTP_PROTOCOL
     from faithproxy.server.supervisor import run_workers
     from faithproxy.server.workers import metrics_folder, reports_file
 
@@ -62,6 +65,7 @@ def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Name
             port=settings.port,
             log_level=args.log_level,
             timeout_graceful_shutdown=5,
+            http=HTTP_PROTOCOL,
         )
     return 0
 

@@ -13,8 +13,9 @@
 
 The middleware is pure ASGI (starlette's BaseHTTPMiddleware would buffer streams and break
 contextvars). check_body runs in server/admission.py, the one admission path of every door and mode.
-A stream holds its concurrency slot until its last byte is sent, because the inner app
-returns only then. Images fetched for judges have their own size and time limits
+A request takes its concurrency slot once its whole body has arrived (a slow upload holds none;
+server/connections.py bounds how long it may take), and a stream holds the slot until its last byte
+is sent, because the inner app returns only then. Images fetched for judges have their own size and time limits
 (clients/image_fetch.py).
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from faithproxy.faithcore.errors import HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
+from faithproxy.faithcore.errors import FaithproxyError, HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
 from faithproxy.server.errors import send_error
 from faithproxy.server.settings import Settings
 
@@ -89,6 +90,16 @@ class ConcurrencyLimitMiddleware:
         if scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
+        # Admission starts when the body has arrived: a slow upload holds no slot (its time is bounded
+        # by the client body timeout, server/connections.py).
+        try:
+            body = await read_body(receive)
+        except FaithproxyError as exc:  # 413 while reading
+            await send_error(scope, receive, send, exc)
+            return
+        if body is None:
+            return  # the client left (or timed out) before its body was in: no one to answer
+        receive = replay(body, receive)
         if self.active >= self.limit:
             error = Overloaded(
                 f"Too many concurrent requests (limit {self.limit}); retry after {self.retry_after_s} s.",
@@ -101,6 +112,28 @@ class ConcurrencyLimitMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client disconnected first."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives `body` as one message, then what the client sends (its disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 def check_body(body: dict[str, Any], settings: Settings) -> bool:

@@ -86,6 +86,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+CONNECTION_CLOSE_REASONS = ("header_timeout", "body_timeout", "idle_timeout")
+
+
 class Metrics:
     """All metrics, bound to one registry (a fresh one per test app, the default one in production)."""
 
@@ -191,6 +194,15 @@ class Metrics:
             "Streams whose client went away before the end.",
             registry=registry,
         )
+        self.client_connections_closed = Counter(
+            "faithproxy_client_connections_closed_total",
+            "Client connections the proxy closed, by reason (server/connections.py: header_timeout and "
+            "body_timeout, answered 408 where a response could still be sent; idle_timeout: keep-alive).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in CONNECTION_CLOSE_REASONS:
+            self.client_connections_closed.labels(reason)
         self.cascade_decisions = Counter(
             "faithproxy_cascade_decisions_total",
             "Perception steps the cascade detector decided, by the stage that decided them.",

@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     # Chat completions served at once (streams count until their last byte); beyond: 429 + Retry-After.
     max_concurrent_requests: int = Field(512, gt=0)
     retry_after_s: int = Field(1, ge=0)
+    # Client timeouts (server/connections.py): the headers, then the whole body, must arrive within
+    # these (else 408 and the connection closes); a kept-alive connection idle this long is closed.
+    client_header_timeout_s: float = Field(30.0, gt=0)
+    client_body_timeout_s: float = Field(30.0, gt=0)
+    client_idle_timeout_s: float = Field(5.0, gt=0)
 
     # http(s) image URLs in requests, in every mode (server/image_urls.py): "fetch" them under
     # `image_fetch` and send vLLM and the judge the bytes; "refuse" them (400); or "pass" them to vLLM,

@@ -19,16 +19,17 @@ import uvicorn
 
 @contextlib.asynccontextmanager
 async def running_app(
-    app: Any, host: str = "127.0.0.1", *, on_exit: Callable[[], None] | None = None
+    app: Any, host: str = "127.0.0.1", *, on_exit: Callable[[], None] | None = None, **options: Any
 ) -> AsyncIterator[str]:
     """Yields the server's base URL. The socket is bound first (port 0), so there is no port race;
-    `on_exit` runs before shutdown (e.g. to release requests a fault mode keeps hanging)."""
+    `on_exit` runs before shutdown (e.g. to release requests a fault mode keeps hanging). `options`
+    go to uvicorn.Config (e.g. `http=server.connections.HTTP_PROTOCOL`, as `faithproxy serve` runs)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, ws="none", lifespan="on", timeout_graceful_shutdown=2
+        app, log_level="warning", access_log=False, ws="none", lifespan="on", timeout_graceful_shutdown=2, **options
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
