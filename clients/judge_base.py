@@ -55,6 +55,9 @@ class JudgeConfig(BaseModel):
     # Log-probabilities asked of an OpenAI-compatible judge: how many alternatives per token (None: not
     # asked; the judge's confidence is then unknown). Anthropic's API has none to give.
     top_logprobs: int | None = Field(default=5, ge=1, le=20)
+    # A flag whose confidence (P(UNFAITHFUL) of the flagged sentence) is under this is delivered as
+    # `unsure` and never rewritten; None: every flag is acted on. A request may raise it, not lower it.
+    flag_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
 
     def resolved_api_key(self) -> str:
         """The key: `api_key`, else the variable named by `api_key_env`, else the SDK's usual variable.

@@ -46,7 +46,7 @@ from faithproxy.detectors.judge_prompt import (
     chain_cuts,
     parse_judge_reply,
 )
-from faithproxy.detectors.options import DetectorOption, whole_number
+from faithproxy.detectors.options import DetectorOption, probability, whole_number
 from faithproxy.faithcore.context import CheckResult, JudgeUsage, RequestView
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 BUDGET_OPTION = "judge_budget_tokens"  # the RequestView.options key of a request's judge budget
 BUDGET_REASON = "budget"  # Verdict.unchecked of the steps the budget let through
+THRESHOLD_OPTION = "flag_threshold"  # the RequestView.options key of a request's flag threshold
+UNSURE_REASON = "unsure"  # ends the reason of a flag under the threshold
 
 
 class DescriptionCache:
@@ -106,6 +108,12 @@ class JudgeDetector(Detector):
             setting_is_default=True,
             ceiling="asks for {value} judge tokens, more than this server allows a request ({limit})",
         ),
+        DetectorOption(
+            THRESHOLD_OPTION,
+            "x-faithproxy-flag-threshold",
+            probability,
+            "a probability from 0 to 1 (a flag the judge is less sure of is delivered unsure, not rewritten)",
+        ),
     )
 
     def __init__(
@@ -152,9 +160,34 @@ class JudgeDetector(Detector):
             return CheckResult(())
         backend = self.backend_for(view)
         reason = f"judge:{backend.name}"
-        if over_budget(view):
-            return CheckResult(_passed_for_budget(view, new_steps, reason))
+        threshold = flag_threshold(view, backend)
         accepted = [step.text for step in view.accepted]
+        verdicts: list[Verdict] = []
+        remaining = list(new_steps)
+        while remaining:  # again after each unsure flag: the judge stopped there, the rest is unread
+            if over_budget(view):
+                verdicts += _passed_for_budget(view, remaining, reason)
+                break
+            part = await self._judge(view, backend, accepted, remaining, reason, threshold)
+            unsure = next((i for i, v in enumerate(part) if v.faithfulness is Faithfulness.UNSURE), None)
+            if unsure is None:
+                verdicts += part
+                break
+            verdicts += part[: unsure + 1]
+            accepted += [step.text for step in remaining[: unsure + 1]]
+            remaining = remaining[unsure + 1 :]
+        return CheckResult(tuple(verdicts))
+
+    async def _judge(
+        self,
+        view: RequestView,
+        backend: JudgeBackend,
+        accepted: list[str],
+        new_steps: list[Step],
+        reason: str,
+        threshold: float | None,
+    ) -> list[Verdict]:
+        """One judge call about `new_steps` (two when the judge names an accepted step), as verdicts."""
         sentences = accepted + [step.text for step in new_steps]
         reply, latency, confidence = await self._ask(view, backend, sentences, already_checked=len(accepted))
         offset = len(accepted)
@@ -169,7 +202,8 @@ class JudgeDetector(Detector):
             reply, again, confidence = await self._ask(view, backend, sentences, already_checked=0, stable=False)
             latency += again
             offset = 0
-        return CheckResult(_verdicts(reply, new_steps, offset, reason, latency, confidence))
+        unsure = confidence is not None and threshold is not None and confidence < threshold
+        return _verdicts(reply, new_steps, offset, reason, latency, confidence, unsure=unsure)
 
     async def _ask(
         self,
@@ -227,6 +261,14 @@ class JudgeDetector(Detector):
             await backend.aclose()
 
 
+def flag_threshold(view: RequestView, backend: JudgeBackend) -> float | None:
+    """The request's threshold on a flag's confidence: the higher of the judge's configured
+    `flag_threshold` and the request's header (a request may be stricter than the operator, not
+    laxer); None: every flag is acted on."""
+    values = [v for v in (backend.config.flag_threshold, view.options.get(THRESHOLD_OPTION)) if v is not None]
+    return max(values) if values else None
+
+
 def over_budget(view: RequestView) -> bool:
     """Whether the request's judge budget (if it has one) is spent."""
     budget = view.options.get(BUDGET_OPTION)
@@ -249,8 +291,17 @@ def _passed_for_budget(view: RequestView, new_steps: list[Step], reason: str) ->
 
 
 def _verdicts(
-    reply: JudgeReply, new_steps: list[Step], offset: int, reason: str, latency_s: float, confidence: float | None
+    reply: JudgeReply,
+    new_steps: list[Step],
+    offset: int,
+    reason: str,
+    latency_s: float,
+    confidence: float | None,
+    *,
+    unsure: bool = False,
 ) -> list[Verdict]:
+    """The reply as one verdict per new step; with `unsure` the flag (its confidence under the request's
+    threshold) is UNSURE, and the steps after it are left for the caller to ask about again."""
     verdicts = []
     first = reply.first_unfaithful
     for i, step in enumerate(new_steps):
@@ -259,10 +310,13 @@ def _verdicts(
         if first is None or position < first:
             faithfulness = Faithfulness.FAITHFUL
         elif position == first:
-            faithfulness, kind = Faithfulness.UNFAITHFUL, StepKind.PERCEPTION
+            faithfulness = Faithfulness.UNSURE if unsure else Faithfulness.UNFAITHFUL
+            kind = StepKind.PERCEPTION
         else:
             faithfulness = Faithfulness.UNKNOWN
-        why = f"{reason}:not_reached" if faithfulness is Faithfulness.UNKNOWN else reason
-        sure = confidence if faithfulness is Faithfulness.UNFAITHFUL else None
+        why = {Faithfulness.UNKNOWN: f"{reason}:not_reached", Faithfulness.UNSURE: f"{reason}:{UNSURE_REASON}"}.get(
+            faithfulness, reason
+        )
+        sure = confidence if position == first else None
         verdicts.append(Verdict(faithfulness, "judge", kind=kind, reason=why, latency_s=latency_s, confidence=sure))
     return verdicts

@@ -19,6 +19,9 @@ class Faithfulness(enum.StrEnum):
     UNFAITHFUL = "unfaithful"
     # The detector could not decide (error, skipped, not reached in a batched call).
     UNKNOWN = "unknown"
+    # A flag the detector was not sure enough of (its confidence under the request's threshold):
+    # delivered as such, never rewritten, not counted as unfaithful.
+    UNSURE = "unsure"
 
 
 class Channel(enum.StrEnum):

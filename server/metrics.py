@@ -40,7 +40,7 @@ from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
 
 KINDS = ("perception", "reasoning")
-VERDICTS = ("faithful", "unfaithful", "unknown")
+VERDICTS = ("faithful", "unfaithful", "unknown", "unsure")
 MODES = ("correct", "detect", "off")
 # budget: the request's judge budget was spent (detectors/judge.py), the step was never sent
 UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "request_failed", "budget")
@@ -240,6 +240,12 @@ class Metrics:
             "Requests by the API key policy they were read against (its name, never the key; "
             "FAITHPROXY_POLICY_FILE) and outcome (admitted, refused: 403).",
             ["policy", "outcome"],
+            registry=registry,
+        )
+        self.otel_spans_dropped = Counter(
+            "faithproxy_otel_spans_dropped_total",
+            "OpenTelemetry spans not exported (server/otel.py): dropped from the full export queue, or in "
+            "an export that failed (collector down). Requests are never held up by the export.",
             registry=registry,
         )
         self.policy_reloads = Counter(

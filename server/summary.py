@@ -26,10 +26,13 @@ def step_annotation(step: Step) -> dict[str, Any]:
         "attempts": step.attempts,
         "regenerated": step.original_text is not None,
         "residual": step.residual,
-        **({"confidence": _confidence(first)} if first is not None and first.unfaithful else {}),
+        **({"confidence": _confidence(first)} if first is not None and first.faithfulness in _FLAGS else {}),
         **({"original_text": step.original_text} if step.original_text is not None else {}),
         **({"unchecked_reason": step.unchecked_reason} if step.unchecked_reason else {}),
     }
+
+
+_FLAGS = (Faithfulness.UNFAITHFUL, Faithfulness.UNSURE)  # the verdicts a step annotation shows a confidence for
 
 
 def _confidence(verdict: Verdict) -> float | None:

@@ -565,6 +565,8 @@ class CorrectionCore:
 
 
 def _flagged(step: Step) -> bool:
+    """A perception step judged UNFAITHFUL. An UNSURE verdict (a flag under the judge's threshold) is not
+    one: the step is delivered as it is, never rewritten."""
     return step.kind is StepKind.PERCEPTION and step.verdict is not None and step.verdict.unfaithful
 
 

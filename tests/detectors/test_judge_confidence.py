@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +16,15 @@ import httpx
 import openai
 import pytest
 
-from faithproxy.clients.judges import JudgeConfig, OpenAICompatibleJudge
+from faithproxy.clients.judge_base import UserTurn, turn_text
+from faithproxy.clients.judges import JudgeBackend, JudgeConfig, JudgeResult, OpenAICompatibleJudge
 from faithproxy.clients.logprobs import TokenChoice, completion_tokens, stream_tokens
-from faithproxy.detectors.judge import JudgeDetector
+from faithproxy.detectors.judge import THRESHOLD_OPTION, JudgeDetector
 from faithproxy.detectors.judge_confidence import flag_confidence, number_probability, verdict_probability
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, parse_judge_reply
 from faithproxy.faithcore.context import RequestView
-from faithproxy.faithcore.types import Faithfulness, Step, StepKind
+from faithproxy.faithcore.images import ImageRef
+from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 from faithproxy.server.summary import step_annotation, trace_steps
 
 RECORDED = Path(__file__).parent / "vllm_logprobs"
@@ -134,3 +138,114 @@ async def test_without_logprobs_the_confidence_is_unknown_and_visible() -> None:
     assert verdict.unfaithful and verdict.confidence is None
     step.verdict = step.first_verdict = verdict
     assert step_annotation(step)["confidence"] is None  # shown as null: the judge could not say
+
+
+# ---- thresholds ----------------------------------------------------------------------------------
+
+
+class LogprobJudge(JudgeBackend):
+    """Replies in turn with (text, P(UNFAITHFUL) at the verdict or None: no log-probabilities)."""
+
+    def __init__(self, replies: list[tuple[str, float | None]], flag_threshold: float | None = None) -> None:
+        super().__init__(
+            JudgeConfig(name="lp", backend="openai", model="m", api_key="k", flag_threshold=flag_threshold)  # type: ignore[arg-type]
+        )
+        self.replies = list(replies)
+        self.turns: list[str] = []
+
+    async def complete(self, system: str, user: UserTurn, images: Sequence[ImageRef] = ()) -> JudgeResult:
+        self.turns.append(turn_text(user))
+        text, p = self.replies.pop(0)
+        return JudgeResult(text, 10, 5, 0.0, tokens=None if p is None else tokens_of(text, p))
+
+    async def aclose(self) -> None:
+        pass
+
+
+def tokens_of(text: str, p_unfaithful: float) -> tuple[TokenChoice, ...]:
+    """`text` as tokens, the verdict one token with both readings listed."""
+    head, verdict, tail = re.split(r"(UNFAITHFUL|FAITHFUL)", text, maxsplit=1)
+    top = (("UNFAITHFUL", math.log(p_unfaithful)), ("FAITHFUL", math.log(1 - p_unfaithful)))
+    chosen = dict(top)[verdict]
+    return (TokenChoice(head, 0.0), TokenChoice(verdict, chosen, top), TokenChoice(tail, 0.0))
+
+
+def flag(k: int) -> str:
+    return f"[Faithfulness]: UNFAITHFUL\n[First unfaithful sentence]: {k}"
+
+
+FAITHFUL_REPLY = "[Faithfulness]: FAITHFUL"
+NEW = ["The square is red.", "The circle is blue.", "The circle is big."]
+
+
+def new_steps() -> list[Step]:
+    return [Step(index=i, text=t, raw=t, kind=StepKind.PERCEPTION) for i, t in enumerate(NEW)]
+
+
+async def judged(judge: LogprobJudge, options: dict[str, Any] | None = None) -> list[tuple[str, float | None]]:
+    view = RequestView("r", "m", [], "Q?", (), options=options or {})
+    verdicts = (await JudgeDetector({"lp": judge}, "lp").check(view, new_steps())).verdicts
+    return [(v.faithfulness.value, v.confidence) for v in verdicts]
+
+
+async def test_a_flag_under_the_request_threshold_is_unsure_and_the_rest_is_read_again() -> None:
+    judge = LogprobJudge([(flag(1), 0.6), (flag(3), 0.9)])
+    assert await judged(judge, {THRESHOLD_OPTION: 0.8}) == [
+        ("unsure", pytest.approx(0.6)),
+        ("faithful", None),
+        ("unfaithful", pytest.approx(0.9)),
+    ]
+    assert len(judge.turns) == 2 and "Check sentences 2 to 3. Sentence 1 is context only." in judge.turns[1]
+
+
+async def test_the_judge_s_threshold_bounds_the_request_s_and_unknown_confidence_is_acted_on() -> None:
+    # configured 0.7: a request asking for 0.5 still gets 0.7
+    laxer = await judged(LogprobJudge([(flag(2), 0.65), (FAITHFUL_REPLY, 0.1)], 0.7), {THRESHOLD_OPTION: 0.5})
+    assert laxer[1][0] == "unsure"
+    # a request may be stricter than the judge's configuration
+    stricter = await judged(LogprobJudge([(flag(2), 0.75), (FAITHFUL_REPLY, 0.1)], 0.7), {THRESHOLD_OPTION: 0.8})
+    assert stricter[1][0] == "unsure"
+    assert (await judged(LogprobJudge([(flag(2), 0.75)], 0.7)))[1] == ("unfaithful", pytest.approx(0.75))
+    # without log-probabilities the confidence is unknown and the threshold does not apply
+    assert (await judged(LogprobJudge([(flag(2), None)], 0.99)))[1] == ("unfaithful", None)
+
+
+def test_the_threshold_header_is_declared_on_the_judge_and_parsed_as_a_probability() -> None:
+    (option,) = [o for o in JudgeDetector.options if o.key == THRESHOLD_OPTION]
+    assert option.header == "x-faithproxy-flag-threshold"
+    assert option.parse("0.8") == 0.8 and option.parse("1.5") is None and option.parse("nan") is None
+
+
+def test_an_unsure_step_is_counted_under_its_own_verdict_and_is_not_residual() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from faithproxy.server.metrics import Metrics
+    from faithproxy.server.step_metrics import count_step
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, detectors=["judge"])
+    metrics.preinit_model("m", ["judge"])
+    labels = {"kind": "perception", "verdict": "unsure", "detector": "judge", "model": "m"}
+    assert registry.get_sample_value("faithproxy_steps_total", labels) == 0.0  # pre-initialised
+    step = new_steps()[0]
+    step.verdict = step.first_verdict = Verdict(Faithfulness.UNSURE, "judge", kind=StepKind.PERCEPTION, confidence=0.6)
+    count_step(metrics, step, "judge", "m")
+    assert registry.get_sample_value("faithproxy_steps_total", labels) == 1.0
+    assert step_annotation(step)["verdict"] == "unsure" and step_annotation(step)["confidence"] == 0.6
+    assert not step_annotation(step)["residual"]
+
+
+async def test_the_cascade_s_judge_stage_keeps_the_confidence_and_applies_the_threshold() -> None:
+    from faithproxy.detectors.cascade import CascadeDetector
+    from tests.detectors.test_cascade import FixedProbe
+
+    judge = JudgeDetector({"lp": LogprobJudge([(flag(1), 0.6), (FAITHFUL_REPLY, 0.1)])}, "lp")
+    cascade = CascadeDetector(FixedProbe(dict.fromkeys(NEW, 0.5)), judge)  # the probe is unsure of every step
+    view = RequestView("r", "m", [], "Q?", (), options={THRESHOLD_OPTION: 0.8})
+    verdicts = (await cascade.check(view, new_steps())).verdicts
+    assert [(v.faithfulness.value, v.confidence, v.score) for v in verdicts] == [
+        ("unsure", pytest.approx(0.6), 0.5),
+        ("faithful", None, 0.5),
+        ("faithful", None, 0.5),
+    ]
+    assert verdicts[0].reason == "cascade:judge:lp:unsure"

@@ -119,11 +119,16 @@ def broke() -> RoundFailed:
     return RoundFailed(UpstreamError("upstream stream broke", code="stream_broken"))
 
 
-_FAITHFULNESS = {"F": Faithfulness.FAITHFUL, "U": Faithfulness.UNFAITHFUL, "N": Faithfulness.UNKNOWN}
+_FAITHFULNESS = {
+    "F": Faithfulness.FAITHFUL,
+    "U": Faithfulness.UNFAITHFUL,
+    "N": Faithfulness.UNKNOWN,
+    "S": Faithfulness.UNSURE,
+}
 
 
 def verdicts(letters: str) -> Checked:
-    """One verdict per letter: F faithful, U unfaithful, N unknown."""
+    """One verdict per letter: F faithful, U unfaithful, N unknown, S unsure (a flag under the threshold)."""
     return Checked([Verdict(_FAITHFULNESS[c], "d") for c in letters])
 
 
@@ -740,6 +745,50 @@ CORRECT = [
         ],
     ),
 ]
+
+
+# A flag under the judge's threshold (UNSURE): delivered, never rewritten, not residual.
+CORRECT_UNSURE = [
+    Case(
+        "an-unsure-flag-is-delivered-and-never-rewritten",
+        [(p("One circle."), p("It is blue."), r("So B.")), verdicts("FSF"), end()],
+        ["start", "check One circle. | It is blue. | So B.", "step One circle.", "step It is blue.", "step So B.",
+         "end stop"],  # fmt: skip
+        [
+            ("One circle.", "faithful/faithful"),
+            ("It is blue.", "unsure/unsure"),
+            ("So B.", "faithful/faithful"),
+        ],
+    ),
+    Case(
+        "an-unsure-flag-before-a-sure-one-leaves-the-sure-one-to-be-rewritten",
+        [(p("It is red."), p("It is blue.")), verdicts("SU"), rewrite("It is green."), verdicts("F"), end()],
+        ["start", "check It is red. | It is blue.", "step It is red.", "drop", "regenerate It is blue. #1",
+         "recheck It is green.", "tried #1 fixed", "step It is green.", "continue content=' It is red. It is green.'",
+         "end stop"],  # fmt: skip
+        [("It is red.", "unsure/unsure"), ("It is green.", "unfaithful/faithful fixed@1")],
+    ),
+    Case(
+        "a-rewrite-judged-unsure-is-taken",
+        [p("It is blue."), verdicts("U"), rewrite("It is green."), verdicts("S"), end()],
+        ["start", "check It is blue.", "drop", "regenerate It is blue. #1", "recheck It is green.", "tried #1 fixed",
+         "step It is green.", "continue content=' It is green.'", "end stop"],  # fmt: skip
+        [("It is green.", "unfaithful/unsure fixed@1")],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in CORRECT_UNSURE])
+def test_correct_mode_with_unsure_flags(case: Case) -> None:
+    played = play(case.script, **case.rules)
+    assert played.lines == case.lines  # only a sure flag is ever regenerated
+    assert [(s.text, outcome(s)) for s in played.core.steps] == case.steps
+
+
+def test_detect_mode_delivers_an_unsure_flag_as_it_is() -> None:
+    played = play([(p("It is blue."), r("So B.")), verdicts("SF"), end()], mode="detect")
+    outcomes = [(s.text, outcome(s)) for s in played.core.steps]
+    assert outcomes == [("It is blue.", "unsure/unsure"), ("So B.", "faithful/faithful")]
 
 
 @pytest.mark.parametrize("case", [c.param() for c in CORRECT])
