@@ -34,3 +34,19 @@ def parse_completions_body(raw: bytes) -> dict[str, Any]:
     if "prompt" not in body or not _is_prompt(body["prompt"]):
         raise PolicyError("'prompt' must be a string, or a non-empty list of strings or of token ids", param="prompt")
     return _model_and_stream(body)
+
+
+def parse_responses_body(raw: bytes) -> dict[str, Any]:
+    """A /v1/responses (OpenAI Responses API) body, else a PolicyError (400). Unknown fields pass through."""
+    body = _json_object(raw)
+    given = body.get("input")
+    if not (isinstance(given, str) and given) and not (
+        isinstance(given, list) and given and all(isinstance(item, dict | str) for item in given)
+    ):
+        raise PolicyError("'input' must be a non-empty string or a non-empty list of input items", param="input")
+    if body.get("instructions") is not None and not isinstance(body["instructions"], str):
+        raise PolicyError("'instructions' must be a string", param="instructions")
+    limit = body.get("max_output_tokens")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise PolicyError("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+    return _model_and_stream(body)

@@ -33,6 +33,7 @@ from faithproxy.server.settings import Settings
 CHAT_PATH = "/v1/chat/completions"
 MAX_TOKEN_COUNT = 2**31 - 1  # no model generates more: a larger max_tokens is a 400 even with no cap
 COMPLETIONS_PATH = "/v1/completions"
+RESPONSES_PATH = "/v1/responses"
 
 
 class RequestSizeMiddleware:
@@ -78,7 +79,16 @@ class ConcurrencyLimitMiddleware:
     (no queue: the client, or its load balancer, decides whether to wait or go elsewhere)."""
 
     def __init__(
-        self, app: ASGIApp, *, limit: int, retry_after_s: int, paths: Iterable[str] = (CHAT_PATH, COMPLETIONS_PATH)
+        self,
+        app: ASGIApp,
+        *,
+        limit: int,
+        retry_after_s: int,
+        paths: Iterable[str] = (
+            CHAT_PATH,
+            COMPLETIONS_PATH,
+            RESPONSES_PATH,
+        ),
     ) -> None:
         self.app = app
         self.limit = limit
@@ -161,7 +171,7 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
                 raise PayloadTooLarge(message, param="messages", code="image_too_large")
     cap = settings.max_tokens_cap
     asked = False
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):  # the last: /v1/responses
         value = body.get(name)
         if value is None:
             continue
@@ -176,7 +186,7 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
                 f"'{name}' is {value}, above this server's limit of {limit}.", param=name, code="max_tokens_too_large"
             )
     if cap is not None and not asked:
-        body["max_tokens"] = cap
+        body["max_output_tokens" if "input" in body and "messages" not in body else "max_tokens"] = cap
         return True
     return False
 

@@ -1,7 +1,7 @@
 """`off` mode as pure ASGI: the client's body bytes to vLLM, vLLM's bytes back, nothing decoded.
 
 `OffModeMiddleware` sits inside the limit middleware (size, API keys, concurrency) and in front of
-FastAPI's router. A POST to /v1/chat/completions (or /v1/completions) whose mode is `off` (its
+FastAPI's router. A POST to /v1/chat/completions (or /v1/completions, /v1/responses) whose mode is `off` (its
 X-Faithproxy-Mode header, or the server's default when it has none) is served here: it is admitted by
 the one admission path (server/admission.py, as the router admits it: the body, the limits, every
 X-Faithproxy-* header, media URLs under the image-URL policy), then `Passthrough` forwards it to vLLM's
@@ -32,9 +32,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError, UpstreamErrorCode
 from faithproxy.server.admission import Admitted, BodyParser, admit, arrival, count_refused, parse_chat_body
-from faithproxy.server.door_bodies import parse_completions_body
+from faithproxy.server.door_bodies import parse_completions_body, parse_responses_body
 from faithproxy.server.errors import error_body, error_frame
-from faithproxy.server.limits import CHAT_PATH, COMPLETIONS_PATH
+from faithproxy.server.limits import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from faithproxy.server.policy import HEADER_MODE
 from faithproxy.server.traces import RequestTrace, finish_request
 
@@ -42,7 +42,11 @@ _DONE = b"data: [DONE]\n\n"
 _MODE_HEADER = HEADER_MODE.encode()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 # The doors whose off mode is vLLM's own endpoint of the same path, each with its body parser.
-_DOORS: dict[str, BodyParser] = {CHAT_PATH: parse_chat_body, COMPLETIONS_PATH: parse_completions_body}
+_DOORS: dict[str, BodyParser] = {
+    CHAT_PATH: parse_chat_body,
+    COMPLETIONS_PATH: parse_completions_body,
+    RESPONSES_PATH: parse_responses_body,
+}
 
 
 class Passthrough(Response):

