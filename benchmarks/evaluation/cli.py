@@ -49,6 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "faithproxy.benchmarks.evaluation.cli:Replay",
         "re-run a detector over recorded chains, offline, and score it",
     ),
+    "calibrate": ("faithproxy.benchmarks.evaluation.calibrate:Calibrate", "a judge's flag threshold from a curve"),
     "judge-upr": (
         "faithproxy.benchmarks.evaluation.cli:JudgeUpr",
         "label whole chains with the evaluation judge (Algorithm 1)",

@@ -59,7 +59,13 @@ from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 Kinds = Literal["heuristic", "gold"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_LABEL = {Faithfulness.FAITHFUL: True, Faithfulness.UNFAITHFUL: False, Faithfulness.UNKNOWN: None}
+# an UNSURE flag (under the judge's threshold) is not acted on, and not a label either way
+_LABEL = {
+    Faithfulness.FAITHFUL: True,
+    Faithfulness.UNFAITHFUL: False,
+    Faithfulness.UNKNOWN: None,
+    Faithfulness.UNSURE: None,
+}
 
 
 class ReplayError(BenchmarkError):
@@ -293,6 +299,8 @@ def _predicted_step(step: Step, source: LabelledStep, latency: float | None, err
             faithful = _LABEL[verdict.faithfulness]
         score = verdict.score
         extra = {"verdict": verdict.faithfulness.value, "detector": verdict.detector, "reason": verdict.reason}
+        if verdict.confidence is not None:  # a judge's confidence in its flag (bench calibrate reads it)
+            extra["confidence"] = verdict.confidence
     if latency is not None:
         extra["latency_s"] = round(latency, 6)
     if error is not None:
