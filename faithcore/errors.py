@@ -14,7 +14,8 @@
     │   └── PolicyForbidden         403 invalid_request_error   (a header, or the default it falls back to,
     │                                                             outside the API key's policy)
     ├── AuthError                   401 invalid_request_error   (missing or wrong proxy API key)
-    ├── Overloaded                  429 rate_limit_error        (concurrency limit reached; Retry-After)
+    ├── Overloaded                  429 rate_limit_error        (concurrency limit, or one client's, reached;
+    │                                                             Retry-After)
     ├── UpstreamError               502 upstream_error          (vLLM failed or is unreachable)
     │   └── UpstreamStatusError     status of vLLM's own reply, its message passed on
     ├── DetectorError               502 detector_error          (judge down, garbage reply, ...)
@@ -134,8 +135,8 @@ class Overloaded(FaithproxyError):
     status_code = 429
     error_type = "rate_limit_error"
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, code="too_many_concurrent_requests")
+    def __init__(self, message: str, *, retry_after_s: int, code: str = "too_many_concurrent_requests") -> None:
+        super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
 
 

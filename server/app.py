@@ -170,7 +170,10 @@ def create_app(
     install_openapi(app, settings)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     app.add_middleware(
-        ConcurrencyLimitMiddleware, limit=settings.max_concurrent_requests, retry_after_s=settings.retry_after_s
+        ConcurrencyLimitMiddleware,
+        limit=settings.max_concurrent_requests,
+        retry_after_s=settings.retry_after_s,
+        per_client=settings.max_requests_per_client,
     )
     if settings.api_keys or key_policies is not None:
         open_paths = ALWAYS_OPEN if settings.metrics_require_key else ALWAYS_OPEN | {"/metrics"}

@@ -5,6 +5,8 @@
     body (bytes)                RequestSizeMiddleware (ASGI)        413, from Content-Length before
                                                                     reading, else while reading
     concurrent chat requests    ConcurrencyLimitMiddleware (ASGI)   429 + Retry-After
+    in flight per client        ConcurrencyLimitMiddleware (ASGI)   429 too_many_client_requests
+      (API key, else address)
     images per request          check_body (admission)              400 too_many_images
     one data-URL image (bytes)  check_body (admission)              413 image_too_large
     max_tokens above the cap    check_body (admission)              400 max_tokens_too_large
@@ -21,6 +23,8 @@ is sent, because the inner app returns only then. Images fetched for judges have
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -75,8 +79,9 @@ class RequestSizeMiddleware:
 
 
 class ConcurrencyLimitMiddleware:
-    """At most `limit` requests on `paths` at once; the next gets 429 with Retry-After at once
-    (no queue: the client, or its load balancer, decides whether to wait or go elsewhere)."""
+    """At most `limit` requests on `paths` at once, and at most `per_client` of one client (client_key);
+    the next gets 429 with Retry-After at once (no queue: the client, or its load balancer, decides
+    whether to wait or go elsewhere)."""
 
     def __init__(
         self,
@@ -84,6 +89,7 @@ class ConcurrencyLimitMiddleware:
         *,
         limit: int,
         retry_after_s: int,
+        per_client: int | None = None,
         paths: Iterable[str] = (
             CHAT_PATH,
             COMPLETIONS_PATH,
@@ -95,6 +101,8 @@ class ConcurrencyLimitMiddleware:
         self.retry_after_s = retry_after_s
         self.paths = frozenset(paths)
         self.active = 0
+        self.per_client = per_client
+        self.by_client: Counter[str] = Counter()  # requests in flight per client_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in self.paths:
@@ -110,18 +118,41 @@ class ConcurrencyLimitMiddleware:
         if body is None:
             return  # the client left (or timed out) before its body was in: no one to answer
         receive = replay(body, receive)
-        if self.active >= self.limit:
-            error = Overloaded(
-                f"Too many concurrent requests (limit {self.limit}); retry after {self.retry_after_s} s.",
-                retry_after_s=self.retry_after_s,
-            )
+        client = client_key(scope) if self.per_client is not None else None
+        error = self._refusal(client)
+        if error is not None:
             await send_error(scope, receive, send, error, headers={"retry-after": str(self.retry_after_s)})
             return
         self.active += 1
+        if client is not None:
+            self.by_client[client] += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+            if client is not None:
+                self.by_client[client] -= 1
+                if not self.by_client[client]:
+                    del self.by_client[client]  # the table holds only clients with requests in flight
+
+    def _refusal(self, client: str | None) -> Overloaded | None:
+        retry = self.retry_after_s
+        if self.active >= self.limit:
+            message = f"Too many concurrent requests (limit {self.limit}); retry after {retry} s."
+            return Overloaded(message, retry_after_s=retry)
+        if client is not None and self.per_client is not None and self.by_client[client] >= self.per_client:
+            message = f"Too many requests in flight from this client (limit {self.per_client}); retry after {retry} s."
+            return Overloaded(message, retry_after_s=retry, code="too_many_client_requests")
+        return None
+
+
+def client_key(scope: Scope) -> str:
+    """Whom a request counts against: its API key (a digest: the key is never kept), else its address."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return "key:" + hashlib.sha256(value).hexdigest()[:16]
+    client = scope.get("client")
+    return f"addr:{client[0]}" if client else "addr:-"
 
 
 async def read_body(receive: Receive) -> bytes | None:

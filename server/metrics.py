@@ -86,7 +86,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-CONNECTION_CLOSE_REASONS = ("header_timeout", "body_timeout", "idle_timeout")
+CONNECTION_CLOSE_REASONS = ("header_timeout", "body_timeout", "idle_timeout", "too_many_connections")
 
 
 class Metrics:
@@ -197,7 +197,8 @@ class Metrics:
         self.client_connections_closed = Counter(
             "faithproxy_client_connections_closed_total",
             "Client connections the proxy closed, by reason (server/connections.py: header_timeout and "
-            "body_timeout, answered 408 where a response could still be sent; idle_timeout: keep-alive).",
+            "body_timeout, answered 408 where a response could still be sent; idle_timeout: keep-alive; "
+            "too_many_connections: one address over its limit, answered 429).",
             ["reason"],
             registry=registry,
         )

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     client_header_timeout_s: float = Field(30.0, gt=0)
     client_body_timeout_s: float = Field(30.0, gt=0)
     client_idle_timeout_s: float = Field(5.0, gt=0)
+    # Per client (server/limits.py, server/connections.py): requests in flight per API key (else per
+    # address), and open connections per address; beyond: 429 + Retry-After. None: no per-client limit
+    # (clients behind one NAT or load balancer share an address).
+    max_requests_per_client: int | None = Field(None, gt=0)
+    max_connections_per_client: int | None = Field(None, gt=0)
 
     # http(s) image URLs in requests, in every mode (server/image_urls.py): "fetch" them under
     # `image_fetch` and send vLLM and the judge the bytes; "refuse" them (400); or "pass" them to vLLM,
