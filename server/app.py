@@ -29,7 +29,7 @@ from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMidd
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
-from faithproxy.server.routers import chat, completions, faithfulness, ops, responses_api
+from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, responses_api
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
@@ -165,6 +165,7 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(responses_api.router)
+    app.include_router(messages.router)
     app.include_router(ops.router)
     app.include_router(faithfulness.router)
     install_openapi(app, settings)

@@ -50,3 +50,18 @@ def parse_responses_body(raw: bytes) -> dict[str, Any]:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise PolicyError("'max_output_tokens' must be a positive integer", param="max_output_tokens")
     return _model_and_stream(body)
+
+
+def parse_messages_body(raw: bytes) -> dict[str, Any]:
+    """An Anthropic /v1/messages body, else a PolicyError (400; the door answers in Anthropic's format)."""
+    body = _json_object(raw)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
+    limit = body.get("max_tokens")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise PolicyError("'max_tokens' is required and must be a positive integer", param="max_tokens")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise PolicyError("'system' must be a string or a list of text blocks", param="system")
+    return _model_and_stream(body)

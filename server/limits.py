@@ -38,6 +38,7 @@ CHAT_PATH = "/v1/chat/completions"
 MAX_TOKEN_COUNT = 2**31 - 1  # no model generates more: a larger max_tokens is a 400 even with no cap
 COMPLETIONS_PATH = "/v1/completions"
 RESPONSES_PATH = "/v1/responses"
+MESSAGES_PATH = "/v1/messages"
 
 
 class RequestSizeMiddleware:
@@ -94,6 +95,7 @@ class ConcurrencyLimitMiddleware:
             CHAT_PATH,
             COMPLETIONS_PATH,
             RESPONSES_PATH,
+            MESSAGES_PATH,
         ),
     ) -> None:
         self.app = app

@@ -167,7 +167,7 @@ class ChatServing:
             yield DONE
         except FaithproxyError as exc:
             self.error = exc
-            yield error_frame(exc)
+            yield self._error_frame(exc)
             yield DONE
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnected = True
@@ -176,11 +176,15 @@ class ChatServing:
         except Exception as exc:  # noqa: BLE001 - a bug must still end the stream well-formed
             log.exception("internal error in stream %s", self.request_id)
             self.error = FaithproxyError(f"internal error: {type(exc).__name__}")
-            yield error_frame(self.error)
+            yield self._error_frame(self.error)
             yield DONE
         finally:
             await _aclose(events)
             self._finish()
+
+    def _error_frame(self, exc: FaithproxyError) -> bytes:
+        """The frame that ends a stream failed after its first byte (the door's own error format)."""
+        return error_frame(exc)
 
     def _chunks(self) -> ChunkFactory:
         return ChunkFactory(f"{self.object_id_prefix}-{self.request_id}", self.body["model"])

@@ -104,6 +104,17 @@ class ResponsesRequest(_Open):
     temperature: float | None = None
 
 
+class MessagesRequest(_Open):
+    """An Anthropic Messages API request; fields not listed are forwarded to vLLM untouched in off mode."""
+
+    model: str = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -186,6 +197,22 @@ RESPONSES_OPENAPI_EXTRA: dict[str, Any] = {
     },
 }
 
+MESSAGES_OPENAPI_EXTRA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MessagesRequest"}}},
+    },
+}
+
+MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "An Anthropic message (JSON), or its SSE events when stream=true."},
+    400: {"description": "Invalid body, header or image (Anthropic's error format)."},
+    401: {"description": "Missing or wrong API key."},
+    413: {"description": "Body or image too large."},
+    429: {"description": "Too many concurrent requests (see Retry-After)."},
+    502: {"description": "vLLM or the detector failed."},
+}
+
 RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
     **CHAT_RESPONSES,
     200: {"description": "A Responses API response (JSON), or its SSE events when stream=true."},
@@ -212,8 +239,9 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             components["schemas"].update(completion.pop("$defs", {}))
             components["schemas"]["CompletionRequest"] = completion
             components["schemas"]["ResponsesRequest"] = ResponsesRequest.model_json_schema()
+            components["schemas"]["MessagesRequest"] = MessagesRequest.model_json_schema()
             state = getattr(app.state, "faithproxy", None)
-            for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+            for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
                 if path in schema["paths"]:
                     operation = schema["paths"][path]["post"]
                     operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)

@@ -1,0 +1,31 @@
+"""POST /v1/messages (Anthropic's Messages API): admit the request, hand it to the serving object
+(server/anthropic_messages.py); every refusal in Anthropic's error format. `off` is served here too (off
+mode's pure-ASGI path answers in OpenAI's format, so it leaves this door to the router).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from faithproxy.faithcore.errors import FaithproxyError
+from faithproxy.server.admission import admit, arrival, count_refused
+from faithproxy.server.door_bodies import parse_messages_body
+from faithproxy.server.schema import MESSAGES_OPENAPI_EXTRA, MESSAGES_RESPONSES
+from faithproxy.server.state import StateDep
+
+router = APIRouter()
+
+
+@router.post("/v1/messages", response_model=None, openapi_extra=MESSAGES_OPENAPI_EXTRA, responses=MESSAGES_RESPONSES)
+async def messages(request: Request, state: StateDep) -> Response:
+    from faithproxy.server.anthropic_messages import MessagesServing, anthropic_error_response
+
+    started = arrival()
+    try:
+        raw = await request.body()  # PayloadTooLarge from the size limit while reading
+        admitted = await admit(raw, request.headers, state, parse_messages_body, started=started)
+        return await MessagesServing(state, admitted).respond()
+    except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
+        count_refused(state.metrics, exc)
+        return anthropic_error_response(exc)
