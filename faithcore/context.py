@@ -174,3 +174,6 @@ class Regeneration:
 
     candidate: str | None
     usage: Usage = field(default_factory=Usage)
+    # The generator's samples mostly restated the flagged sentence (ReflectRegenerator's `insist_share`):
+    # it is sure where the detector flagged it, so the step is kept without spending the other tries.
+    insisted: bool = False

@@ -4,7 +4,8 @@ A try whose rewrite is the flagged sentence again, or a rewrite the detector alr
 wasted detector call and a wasted try. Small models do this a lot: asked to recount, they recount to
 the same wrong number. So a sampled try asks vLLM for `samples` rewrites in one request (`n`) and
 takes the one most of them agree on among those not seen yet (ties: the earliest), as in
-self-consistency decoding; the detector still checks every candidate it is given.
+self-consistency decoding; the detector still checks every candidate it is given. With `insist_share`
+set, samples that mostly restate the flagged sentence end the correction of that step (see the class).
 """
 
 from __future__ import annotations
@@ -22,17 +23,31 @@ from faithproxy.regenerators.prompts import build_regeneration_prompt, parse_bra
 
 
 class ReflectRegenerator(Regenerator):
+    """`insist_share` (None: off): when at least that share of a sampled try's rewrites restate the
+    flagged sentence, the try reports that the model insists (`Regeneration.insisted`) instead of a
+    candidate, and the correction keeps the step (residual, reason `insisted`) without spending its
+    other tries: the generator is sure where the detector flagged it, as with a judge's false flag."""
+
     name: ClassVar[str] = "reflect"
 
     def __init__(
-        self, generator: VLLMClient, *, temperature: float = 0.8, max_tokens: int = 128, samples: int = 8
+        self,
+        generator: VLLMClient,
+        *,
+        temperature: float = 0.8,
+        max_tokens: int = 128,
+        samples: int = 8,
+        insist_share: float | None = None,
     ) -> None:
         if samples < 1:
             raise ValueError("samples must be >= 1")
+        if insist_share is not None and not 0.0 < insist_share <= 1.0:
+            raise ValueError("insist_share must be in (0, 1]")
         self.generator = generator
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.samples = samples
+        self.insist_share = insist_share
 
     async def regenerate(self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int) -> Regeneration:
         """A rewrite that is neither the flagged sentence nor one rejected before, or None; with the
@@ -47,22 +62,36 @@ class ReflectRegenerator(Regenerator):
         }
         usage = Usage()
         if attempt == 1 or self.temperature <= 0:
-            candidate = await self._most_agreed_new(body | {"temperature": 0.0}, seen, usage)
+            candidate = _most_agreed_new(await self._rewrites(body | {"temperature": 0.0}, usage), seen)
             if candidate is not None or self.temperature <= 0:
                 return Regeneration(candidate, usage)
         # vLLM seeds the n samples of one request seed, seed + 1, ...: spacing the tries' seeds by n
         # keeps every sample of every try distinct and the whole retry sequence reproducible.
         sampled = {"temperature": self.temperature, "n": self.samples, "seed": attempt * self.samples}
-        return Regeneration(await self._most_agreed_new(body | sampled, seen, usage), usage)
+        rewrites = await self._rewrites(body | sampled, usage)
+        if self.insist_share is not None and restated_share(rewrites, bad_step.text) >= self.insist_share:
+            return Regeneration(None, usage, insisted=True)
+        return Regeneration(_most_agreed_new(rewrites, seen), usage)
 
-    async def _most_agreed_new(self, body: dict[str, Any], seen: set[str], usage: Usage) -> str | None:
-        """One call; its tokens go into `usage`, the try's own tally."""
+    async def _rewrites(self, body: dict[str, Any], usage: Usage) -> list[str | None]:
+        """One call's rewrites (None: a reply without one); its tokens go into `usage`, the try's tally."""
         try:
             completion = await self.generator.chat(body)
         except UpstreamError as exc:
             raise RegenerationError(f"regeneration call failed: {exc.message}", code=exc.code) from exc
         usage.add(completion.get("usage"))
-        votes = Counter(
-            sentence for sentence in map(parse_bracketed, choice_texts(completion)) if sentence and sentence not in seen
-        )
-        return max(votes, key=votes.__getitem__) if votes else None  # max keeps the earliest of a tie
+        return [parse_bracketed(text) for text in choice_texts(completion)]
+
+
+def _most_agreed_new(rewrites: list[str | None], seen: set[str]) -> str | None:
+    votes = Counter(sentence for sentence in rewrites if sentence and sentence not in seen)
+    return max(votes, key=votes.__getitem__) if votes else None  # max keeps the earliest of a tie
+
+
+def _same(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+def restated_share(rewrites: list[str | None], flagged: str) -> float:
+    """The share of the samples that restate the flagged sentence (case and spacing aside)."""
+    return sum(1 for r in rewrites if r and _same(r, flagged)) / len(rewrites) if rewrites else 0.0

@@ -255,7 +255,7 @@ class ChainSession:
         view = self.view.with_accepted(action.accepted)
         try:
             rewrite = await self.regenerator.regenerate(view, action.prefix, action.step, action.attempt)
-            return Regenerated(rewrite.candidate, usage=rewrite.usage)
+            return Regenerated(rewrite.candidate, usage=rewrite.usage, insisted=rewrite.insisted)
         except RegenerationError as exc:
             return Regenerated(error=exc)
         finally:

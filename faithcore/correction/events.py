@@ -70,6 +70,7 @@ class Regenerated:
     candidate: str | None = None
     error: BaseException | None = None
     usage: Usage | None = None
+    insisted: bool = False  # the model restated the flagged step: keep it, try no more (residual "insisted")
 
 
 Event = UpstreamEvent | Checked | Regenerated

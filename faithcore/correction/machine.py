@@ -437,6 +437,11 @@ class CorrectionCore:
             raise RuntimeError("a regeneration result arrived, but no regeneration was asked for")
         if result.usage is not None:
             self._usage.add(result.usage.as_dict())
+        if result.insisted:  # the model restates the flagged step: it is kept, no further try is spent
+            self._out.append(Tried(fix.step, fix.attempt, "insisted"))
+            _residual(fix.step, "insisted")
+            self._fixed()
+            return
         if result.error is not None or result.candidate is None:
             self._out.append(Tried(fix.step, fix.attempt, "error" if result.error is not None else "unparseable"))
             self._next_try()

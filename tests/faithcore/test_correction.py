@@ -778,6 +778,20 @@ CORRECT_UNSURE = [
 ]
 
 
+# The regenerator's samples mostly restate the flagged step (ReflectRegenerator's insist_share): the step
+# is kept after the first try, residual with its reason, and no further try is spent.
+CORRECT_UNSURE.append(
+    Case(
+        "the-model-insists-the-step-is-kept-after-one-try",
+        [(p("It is blue."), r("So B.")), verdicts("UF"), Regenerated(insisted=True), end()],
+        ["start", "check It is blue. | So B.", "drop", "regenerate It is blue. #1", "tried #1 insisted",
+         "step It is blue.", "continue content=' It is blue. So B.'", "step So B.", "end stop"],  # fmt: skip
+        [("It is blue.", "unfaithful/unfaithful tries=1 residual:insisted"), ("So B.", "none/none")],
+        {"max_retries": 3},
+    )
+)
+
+
 @pytest.mark.parametrize("case", [c.param() for c in CORRECT_UNSURE])
 def test_correct_mode_with_unsure_flags(case: Case) -> None:
     played = play(case.script, **case.rules)

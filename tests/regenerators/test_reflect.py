@@ -14,7 +14,7 @@ from faithproxy.clients.vllm import VLLMClient
 from faithproxy.faithcore.context import RequestView, Usage
 from faithproxy.faithcore.errors import RegenerationError
 from faithproxy.faithcore.types import Step, StepKind
-from faithproxy.regenerators.reflect import ReflectRegenerator
+from faithproxy.regenerators.reflect import ReflectRegenerator, restated_share
 
 BAD = "There are 4 objects in the image."
 
@@ -110,3 +110,28 @@ async def test_upstream_failure_is_a_regeneration_error():
 def test_samples_must_be_positive():
     with pytest.raises(ValueError, match="samples"):
         ReflectRegenerator(VLLMClient("http://vllm.test"), samples=0)
+
+
+async def test_samples_that_mostly_restate_the_flagged_sentence_say_the_model_insists():
+    """With insist_share, a try whose samples mostly restate the flagged claim reports it instead of a
+    candidate; below the share, or without it, the most agreed new rewrite is taken as before."""
+    two = "[There are 2 objects in the image.]"
+    restating = (f"[{BAD}]", f"[{BAD}]", f"[  {BAD}]", two)  # 3 of 4 restate it
+    client = VLLMClient("http://vllm.test", transport=httpx.MockTransport(ScriptedVLLM(
+        completion(f"[{BAD}]"), completion(*restating), completion(f"[{BAD}]"), completion(*restating),
+        completion(f"[{BAD}]"), completion(*restating)).handler))  # fmt: skip
+    view = RequestView("r1", "m", [{"role": "user", "content": "How many objects?"}], "How many objects?")
+    step = Step(index=0, text=BAD, raw=BAD, kind=StepKind.PERCEPTION)
+    try:
+        insists = await ReflectRegenerator(client, samples=4, insist_share=0.75).regenerate(view, [], step, 1)
+        lenient = await ReflectRegenerator(client, samples=4, insist_share=0.8).regenerate(view, [], step, 1)
+        off = await ReflectRegenerator(client, samples=4).regenerate(view, [], step, 1)
+    finally:
+        await client.aclose()
+    assert insists.insisted and insists.candidate is None and insists.usage.completion_tokens == 5 + 20
+    assert not lenient.insisted and lenient.candidate == "There are 2 objects in the image."
+    assert not off.insisted and off.candidate == "There are 2 objects in the image."
+    assert restated_share([BAD.upper(), None, "other"], BAD) == pytest.approx(1 / 3)  # case and spacing aside
+    assert restated_share([], BAD) == 0.0
+    with pytest.raises(ValueError, match="insist_share"):
+        ReflectRegenerator(client, insist_share=0.0)
