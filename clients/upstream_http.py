@@ -320,8 +320,8 @@ class UpstreamPool:
         self._all: set[_Connection] = set()
         self._closed = False
 
-    def _head(self, method: str, path: str, content_type: str | None, length: int) -> bytes:
-        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._fixed_headers}"
+    def _head(self, method: str, path: str, content_type: str | None, length: int, extra: str = "") -> bytes:
+        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._fixed_headers}{extra}"
         if content_type:
             head += f"Content-Type: {content_type}\r\n"
         if method != "GET" or length:
@@ -336,13 +336,15 @@ class UpstreamPool:
         content: bytes = b"",
         content_type: str | None = "application/json",
         read_timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> UpstreamResponse:
         """Sends the request and returns once the status and headers arrived. The caller reads the body
         and must `aclose()` the response (a complete body hands the connection back for reuse)."""
         if self._closed:
             raise UpstreamError("cannot reach upstream: the client is closed", code=UpstreamErrorCode.CONNECT)
         loop = asyncio.get_running_loop()
-        payload = self._head(method, path, content_type, len(content)) + content
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) if headers else ""
+        payload = self._head(method, path, content_type, len(content), extra) + content
         for attempt in (0, 1):
             await self._slots.acquire()  # released with the response (UpstreamResponse._release)
             try:

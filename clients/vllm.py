@@ -16,7 +16,7 @@ generation.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -198,6 +198,8 @@ class VLLMClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
+        # Headers each chat call adds, asked for at the call (the server's tracing: W3C traceparent).
+        self.request_headers: Callable[[], dict[str, str]] | None = None
         # The chat completions' client; none when a test injects a transport (then httpx serves all).
         self._pool = None
         if transport is None:
@@ -220,13 +222,14 @@ class VLLMClient:
         A stream waits at most the idle timeout for each read (the headers included), a non-stream the
         request timeout."""
         read_timeout = self._stream_idle_timeout_s if stream else self._request_timeout_s
+        extra = self.request_headers() if self.request_headers is not None else None
         if self._pool is not None:
-            return await self._pool.request("POST", path, content=content, read_timeout_s=read_timeout)
+            return await self._pool.request("POST", path, content=content, read_timeout_s=read_timeout, headers=extra)
         request = self._client.build_request(
             "POST",
             path,
             content=content,
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **(extra or {})},
             timeout=self._stream_timeout if stream else self._timeout,
         )
         return _HttpxBody(await self._send_stream(request))
@@ -253,7 +256,8 @@ class VLLMClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Non-streamed chat completion as parsed JSON."""
-        response = await self._send("POST", CHAT_PATH, json=body)
+        extra = self.request_headers() if self.request_headers is not None else None
+        response = await self._send("POST", CHAT_PATH, json=body, headers=extra)
         try:
             data = response.json()
         except ValueError as exc:

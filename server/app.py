@@ -27,6 +27,7 @@ from faithproxy.server.errors import faithproxy_error_handler, validation_error_
 from faithproxy.server.key_policy import KeyPolicies
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
+from faithproxy.server.otel import Telemetry, TracingMiddleware
 from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
 from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, responses_api
@@ -74,6 +75,13 @@ def create_app(
     # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
     key_policies = _key_policies(settings, built_metrics)
 
+    # OpenTelemetry traces when the OTEL_* variables ask for them (server/otel.py); None otherwise.
+    def count_dropped(spans: int) -> None:  # from the export thread
+        if built_metrics:
+            built_metrics[0].otel_spans_dropped.inc(spans)
+
+    telemetry = Telemetry.from_environment(count_dropped)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
@@ -91,6 +99,7 @@ def create_app(
         if fetcher is None and (settings.image_urls == "fetch" or any(cfg.fetch_images for cfg in settings.judges)):
             fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
+        _instrument(telemetry, generator, judges, settings)
         if settings.hint_judge is not None and settings.hint_judge not in judges:
             raise ValueError(f"FAITHPROXY_HINT_JUDGE={settings.hint_judge!r} is not one of the configured judges")
         hidden = None
@@ -138,9 +147,7 @@ def create_app(
             key_policies=key_policies,
         )
         app.state.faithproxy = state
-        if key_policies is not None:
-            metrics.preinit_policies(key_policies.book.names)
-            _on_sighup(key_policies.reload)
+        _start_policies(key_policies, metrics)
         try:
             listing = await generator.models()
             state.learn_models([m["id"] for m in listing.get("data", []) if isinstance(m, dict) and "id" in m])
@@ -156,8 +163,7 @@ def create_app(
             if fetcher is not None:
                 await fetcher.aclose()
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
-            if key_policies is not None:
-                _on_sighup(None)
+            await _stop_operators_tools(key_policies, telemetry)
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
@@ -183,6 +189,8 @@ def create_app(
     app.add_middleware(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
+    if telemetry is not None:  # outermost: every refusal is a traced request too
+        app.add_middleware(TracingMiddleware, telemetry=telemetry)
     return app
 
 
@@ -220,3 +228,27 @@ def _on_sighup(reload: Callable[[], object] | None) -> None:
             loop.add_signal_handler(signal.SIGHUP, reload)
     except (RuntimeError, ValueError):  # not the main thread's loop (a test's threaded server)
         log.warning("SIGHUP cannot reload the policy file in this event loop; it is read at start only")
+
+
+def _instrument(telemetry: Telemetry | None, generator: VLLMClient, judges: dict[str, Any], settings: Settings) -> None:
+    """CLIENT spans for upstream and judge calls, and traceparent to vLLM, when tracing is on."""
+    if telemetry is None:
+        return
+    telemetry.trace_upstream(generator)
+    for cfg in settings.judges:
+        telemetry.trace_judge(judges[cfg.name], cfg.backend)
+
+
+def _start_policies(key_policies: KeyPolicies | None, metrics: Metrics) -> None:
+    """The policies' series, and SIGHUP to reload them."""
+    if key_policies is not None:
+        metrics.preinit_policies(key_policies.book.names)
+        _on_sighup(key_policies.reload)
+
+
+async def _stop_operators_tools(key_policies: KeyPolicies | None, telemetry: Telemetry | None) -> None:
+    """At the lifespan's end: SIGHUP no longer reloads; queued spans are exported."""
+    if key_policies is not None:
+        _on_sighup(None)
+    if telemetry is not None:
+        await asyncio.to_thread(telemetry.flush)  # bounded: a collector that is down costs 2 s

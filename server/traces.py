@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.server.errors import error_body
 from faithproxy.server.metrics import upstream_error_label
+from faithproxy.server.otel import record_request
 from faithproxy.server.summary import trace_steps
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ def finish_request(trace: RequestTrace, metrics: Metrics, tracer: TraceWriter) -
     status_class = "disconnected" if trace.disconnected else f"{status // 100}xx"
     metrics.requests.labels(mode, admitted.policy.detector, status_class).inc()
     metrics.request_duration.labels(mode, "true" if admitted.stream else "false").observe(duration)
+    record_request(trace)  # on the request's OpenTelemetry span, when one is recording (server/otel.py)
     if tracer.path is None:  # no record built for a server that writes no traces
         return
     try:

@@ -30,6 +30,8 @@ PROVIDES = {
     "fastapi": {"fastapi", "starlette"},  # the server uses starlette's types directly; fastapi pins it
     "pydantic-settings": {"pydantic_settings"},
     "prometheus-client": {"prometheus_client"},
+    "opentelemetry-sdk": {"opentelemetry"},
+    "opentelemetry-exporter-otlp": {"opentelemetry"},
 }
 TOOLS = ("benchmarks", "shapesworld", "tinyvlm", "testing")
 
