@@ -1,0 +1,343 @@
+"""Soak: hours-long mixed traffic with faults against `faithproxy serve`, watching that memory, open
+files, tasks and event-loop lag stay flat (issue 33). A benchmark, not a CI test.
+
+    .venv/bin/python -m faithproxy.benchmarks.soak [--minutes 30] [--clients 64] [--vllm-url URL | --fake-upstream]
+
+Servers, each its own process: vLLM (CPU) serving the ShapesWorld model (or --vllm-url, or the fake
+upstream of `python -m faithproxy.testing` with --fake-upstream), the local pixel judge
+(benchmarks/standins/judge_server.py), and the proxy, served as `faithproxy serve` serves it (the
+tickless Server, server/connections.py's protocol) by this module's `serve` role, which adds two things
+inside the proxy's process: a sampler that writes RSS, open file descriptors, asyncio tasks and
+event-loop lag (mean and max overshoot of a 100 ms sleep) as a JSON line every --sample-s, and the
+upstream fault injector, a transport under the vLLM client that resets a share of chat calls (before the
+answer or after its first bytes).
+
+--clients clients send requests one after another for --minutes, each request a random configuration:
+every mode (off, detect, correct) with every detector that runs without a trained probe (none, judge,
+prompt), streamed or not. Faults on the client side, each on a share of requests: a judge that never
+answers (the `stall` judge, a socket that accepts and stays silent; its timeout_s is 2), a client that
+disconnects after the first bytes of the answer, and a slow upload (headers and part of the body, then
+silence past the proxy's body timeout, 10 s here: the proxy answers 408).
+
+Every --sample-s it prints the proxy's sample beside the requests done and failed since the last one;
+at the end, the least-squares slope of each figure per minute over the samples after --warmup-min
+(RSS in MiB/min, descriptors and tasks per minute), next to the spread of the samples, and writes all
+samples with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CLIENT_BODY_TIMEOUT_S = 10.0
+CONFIGS = [
+    (mode, detector, stream)
+    for mode, detectors in (
+        ("off", ["none"]),
+        ("detect", ["judge", "prompt"]),
+        ("correct", ["none", "judge", "prompt"]),
+    )
+    for detector in detectors
+    for stream in (True, False)
+]
+
+
+# ---- the proxy's process: the `serve` role --------------------------------------------------------
+
+
+class ResettingTransport(httpx.AsyncBaseTransport):
+    """Under the vLLM client: a share of chat calls fail as a vLLM that dropped the connection would,
+    half before any answer, half after the first bytes of the body."""
+
+    def __init__(self, share: float, seed: int = 0) -> None:
+        self.inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1024))
+        self.share = share
+        self.random = random.Random(seed)
+        self.resets = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        fault = request.url.path.endswith("/completions") and self.random.random() < self.share
+        if fault and self.random.random() < 0.5:
+            self.resets += 1
+            raise httpx.RemoteProtocolError("injected: connection reset before the answer", request=request)
+        response = await self.inner.handle_async_request(request)
+        if fault:
+            self.resets += 1
+            response.stream = _cut(response.stream)  # type: ignore[arg-type]
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _cut(httpx.AsyncByteStream):  # noqa: N801 - a stream wrapper, named as what it does
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.stream:
+            yield chunk[: max(1, len(chunk) // 2)]
+            raise httpx.RemoteProtocolError("injected: connection reset mid-answer")
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def sample_forever(path: Path, every_s: float, transport: ResettingTransport) -> None:
+    """One JSON line per `every_s`: RSS, descriptors, tasks, and the loop lag seen meanwhile."""
+    loop = asyncio.get_running_loop()
+    start = time.monotonic()
+    with path.open("a") as out:
+        while True:
+            lags: list[float] = []
+            until = loop.time() + every_s
+            while loop.time() < until:
+                before = loop.time()
+                await asyncio.sleep(0.1)
+                lags.append(max(0.0, loop.time() - before - 0.1))
+            rss_kib = _rss_kib()
+            row = {
+                "t_min": round((time.monotonic() - start) / 60, 2),
+                "rss_mib": round(rss_kib / 1024, 1),
+                "fds": len(os.listdir("/proc/self/fd")),
+                "tasks": len(asyncio.all_tasks()),
+                "lag_mean_ms": round(statistics.fmean(lags) * 1e3, 2),
+                "lag_max_ms": round(max(lags) * 1e3, 1),
+                "upstream_resets": transport.resets,
+            }
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from faithproxy.server.app import create_app
+    from faithproxy.server.connections import HTTP_PROTOCOL
+    from faithproxy.server.settings import Settings
+    from faithproxy.server.uvicorn_server import Server
+
+    transport = ResettingTransport(args.reset_share)
+    app = create_app(Settings(), upstream_transport=transport)
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", http=HTTP_PROTOCOL)
+    sampler = asyncio.create_task(sample_forever(Path(args.samples), args.sample_s, transport))
+    try:
+        await Server(config).serve()
+    finally:
+        sampler.cancel()
+
+
+# ---- the driver -----------------------------------------------------------------------------------
+
+
+def stall_server() -> tuple[socket.socket, int]:
+    """A judge that accepts and never answers (the judge timeout fault): connections wait in the
+    listen backlog, accepted by nobody; the proxy's judge client gives up at its timeout_s."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4096)
+    return listener, listener.getsockname()[1]
+
+
+class Traffic:
+    def __init__(self, url: str, model: str, items: list[tuple[str, str]], args: argparse.Namespace) -> None:
+        self.url, self.model, self.items, self.args = url, model, items, args
+        self.tally: Counter[str] = Counter()
+        self.random = random.Random(1)
+
+    def body(self, stream: bool) -> dict[str, Any]:
+        question, image = self.random.choice(self.items)
+        content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": question}]
+        return {
+            "model": self.model,
+            "stream": stream,
+            "max_tokens": 96,
+            "messages": [{"role": "user", "content": content}],
+        }
+
+    async def client(self, http: httpx.AsyncClient, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            mode, detector, stream = self.random.choice(CONFIGS)
+            headers = {"x-faithproxy-mode": mode, "x-faithproxy-detector": detector}
+            roll = self.random.random()
+            try:
+                if roll < self.args.slow_upload_share:
+                    await self.slow_upload()
+                    continue
+                if detector == "judge" and roll < self.args.slow_upload_share + self.args.judge_stall_share:
+                    headers["x-faithproxy-judge"] = "stall"
+                disconnect = self.random.random() < self.args.disconnect_share
+                await self.one(http, headers, self.body(stream), disconnect)
+            except (httpx.HTTPError, OSError) as exc:
+                self.tally[f"client_error:{type(exc).__name__}"] += 1
+
+    async def one(self, http: httpx.AsyncClient, headers: dict[str, str], body: dict[str, Any], leave: bool) -> None:
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+            async for _ in response.aiter_bytes():
+                if leave:
+                    self.tally["disconnected"] += 1
+                    return  # leaving the block closes the connection mid-answer
+            self.tally[f"{response.status_code}"] += 1
+
+    async def slow_upload(self) -> None:
+        host, port = self.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        raw = json.dumps(self.body(False)).encode()
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: soak\r\ncontent-length: {len(raw)}\r\n\r\n"
+        writer.write(head.encode() + raw[:50])
+        try:
+            answer = await asyncio.wait_for(reader.read(), CLIENT_BODY_TIMEOUT_S + 30)
+            self.tally["slow_upload_" + (answer.split(b" ", 2)[1].decode() if answer else "closed")] += 1
+        finally:
+            writer.close()
+
+
+def slopes(samples: list[dict[str, Any]], warmup_min: float) -> dict[str, Any]:
+    kept = [s for s in samples if s["t_min"] >= warmup_min]
+    out: dict[str, Any] = {"samples": len(kept)}
+    if len(kept) < 3:
+        return out
+    t = [s["t_min"] for s in kept]
+    for key in ("rss_mib", "fds", "tasks", "lag_mean_ms"):
+        ys = [float(s[key]) for s in kept]
+        slope = statistics.linear_regression(t, ys).slope
+        out[key] = {
+            "slope_per_min": round(slope, 3),
+            "min": min(ys),
+            "max": max(ys),
+            "stdev": round(statistics.pstdev(ys), 2),
+        }
+    return out
+
+
+async def drive(args: argparse.Namespace, url: str, model: str, samples: Path) -> dict[str, Any]:
+    from faithproxy.benchmarks.performance.cpu_per_token import questions
+
+    traffic = Traffic(url, model, questions(32), args)
+    deadline = time.monotonic() + args.minutes * 60
+    limits = httpx.Limits(max_connections=args.clients + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, trust_env=False) as http:
+        clients = [asyncio.create_task(traffic.client(http, deadline)) for _ in range(args.clients)]
+        seen = 0
+        while not all(c.done() for c in clients):
+            await asyncio.wait(clients, timeout=args.sample_s)
+            lines = _lines(samples)
+            for line in lines[seen:]:
+                print(f"{line}  requests {dict(sorted(traffic.tally.items()))}", flush=True)
+            seen = len(lines)
+        for c in clients:
+            c.result()
+    rows = [json.loads(line) for line in _lines(samples)]
+    result = {"samples": rows, "requests": dict(traffic.tally), "slopes": slopes(rows, args.warmup_min)}
+    print("slopes after warm-up:", json.dumps(result["slopes"]))
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from faithproxy.benchmarks.performance.cpu_per_token import start_pixel_judge
+    from faithproxy.tinyvlm import processes
+
+    workdir = Path(tempfile.mkdtemp(prefix="faithproxy-soak-"))
+    samples = workdir / "samples.jsonl"
+    started: list[processes.Child] = []
+    stall, stall_port = stall_server()
+    with processes.supervised():
+        try:
+            url = args.vllm_url
+            if args.fake_upstream:
+                port = processes.free_port()
+                argv = [sys.executable, "-m", "faithproxy.testing", "--port", str(port)]
+                started.append(processes.spawn(argv, workdir / "upstream.log", name="upstream"))
+                url = f"http://127.0.0.1:{port}"
+                started[-1].wait_healthy(f"{url}/v1/models", 60)
+            elif url is None:
+                from faithproxy.shapesworld.model import WEIGHTS_DIR
+                from faithproxy.tinyvlm.serve import start_vllm
+
+                vllm = start_vllm(WEIGHTS_DIR, log_path=workdir / "vllm.log")
+                started.append(vllm.child)
+                url = vllm.base_url
+            model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
+            judge, judge_url = start_pixel_judge(workdir)
+            started.append(judge)
+            judge.wait_healthy(f"{judge_url}/_stats", 60)
+            judges = [
+                {"name": "bench", "backend": "anthropic", "model": "bench", "base_url": judge_url, "api_key": "x"},
+                {"name": "stall", "backend": "anthropic", "model": "stall", "base_url": f"http://127.0.0.1:{stall_port}",
+                 "api_key": "x", "timeout_s": 2, "max_retries": 0},
+            ]  # fmt: skip
+            port = processes.free_port()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("FAITHPROXY_")}
+            env |= {
+                "FAITHPROXY_UPSTREAM_URL": url,
+                "FAITHPROXY_JUDGES": json.dumps(judges),
+                "FAITHPROXY_DEFAULT_JUDGE": "bench",
+                "FAITHPROXY_CLIENT_BODY_TIMEOUT_S": str(CLIENT_BODY_TIMEOUT_S),
+            }
+            argv = [sys.executable, "-m", "faithproxy.benchmarks.soak", "serve", "--port", str(port)]
+            argv += ["--samples", str(samples), "--sample-s", str(args.sample_s)]
+            argv += ["--reset-share", str(args.reset_share)]
+            started.append(processes.spawn(argv, workdir / "proxy.log", name="faithproxy", env=env))
+            proxy_url = f"http://127.0.0.1:{port}"
+            started[-1].wait_healthy(f"{proxy_url}/readyz", 60)
+            print(f"soak: {args.minutes} min, {args.clients} clients, logs in {workdir}", file=sys.stderr, flush=True)
+            return asyncio.run(drive(args, proxy_url, model, samples))
+        finally:
+            stall.close()
+            processes.stop_all(started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("role", nargs="?", choices=["drive", "serve"], default="drive")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--sample-s", type=float, default=60.0)
+    parser.add_argument(
+        "--warmup-min", type=float, default=5.0, help="samples before this minute are left out of the slopes"
+    )
+    parser.add_argument("--vllm-url", help="a running vLLM serving the ShapesWorld model (else one is started)")
+    parser.add_argument("--fake-upstream", action="store_true", help="the fake upstream instead of vLLM (a smoke run)")
+    parser.add_argument("--reset-share", type=float, default=0.03, help="upstream chat calls reset by the injector")
+    parser.add_argument("--judge-stall-share", type=float, default=0.05, help="judge requests sent to the stall judge")
+    parser.add_argument("--disconnect-share", type=float, default=0.05, help="requests the client leaves mid-answer")
+    parser.add_argument("--slow-upload-share", type=float, default=0.02, help="requests uploaded too slowly (408)")
+    parser.add_argument("--out", help="write the samples, request counts and slopes as JSON here")
+    parser.add_argument("--port", type=int, help="serve: the proxy's port")
+    parser.add_argument("--samples", help="serve: the file the sampler appends to")
+    args = parser.parse_args(argv)
+    if args.role == "serve":
+        asyncio.run(serve(args))
+        return 0
+    result = run(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
