@@ -12,6 +12,9 @@ from starlette.types import Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamStatusError
 
+# The doors (server/routers/): a refusal by the middleware in front of them counts as a rejected request.
+_DOOR_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+
 
 def error_body(exc: FaithproxyError) -> dict[str, Any]:
     if isinstance(exc, UpstreamStatusError) and isinstance(exc.body, dict) and "error" in exc.body:
@@ -30,7 +33,7 @@ async def send_error(
     """Answers from pure ASGI middleware (auth, limits) and counts the request as rejected."""
     app = scope.get("app")
     state = getattr(getattr(app, "state", None), "faithproxy", None)
-    if state is not None and scope.get("path") == "/v1/chat/completions":
+    if state is not None and scope.get("path") in _DOOR_PATHS:
         state.metrics.requests.labels("rejected", "-", f"{exc.status_code // 100}xx").inc()
     await error_response(exc, headers=headers)(scope, receive, send)
 

@@ -171,3 +171,17 @@ async def test_refusals_in_anthropic_format(
         exposition = (await http.get(f"{url}/metrics")).text
     assert all(r.url.path == "/v1/models" for r in upstream.requests)  # nothing but the listing at start
     assert metric(exposition, "faithproxy_requests_total", mode="rejected", status="4xx") == len(modes)
+
+
+async def test_middleware_refusals_on_every_door_are_counted() -> None:
+    """A body over the size limit, refused before any door reads it, counts as rejected on each door."""
+    settings = Settings(upstream_url="http://vllm.test", max_body_bytes=64)
+    async with running_app(create_app(settings, upstream_transport=FakeUpstream().transport())) as url:
+        async with httpx.AsyncClient(timeout=10) as http:
+            for path in ("/v1/completions", "/v1/responses", "/v1/messages"):
+                answer = await http.post(
+                    f"{url}{path}", content=b"x" * 100, headers={"content-type": "application/json"}
+                )
+                assert answer.status_code == 413, path
+            exposition = (await http.get(f"{url}/metrics")).text
+    assert metric(exposition, "faithproxy_requests_total", mode="rejected", status="4xx") == 3
