@@ -63,7 +63,32 @@ async def received(http: httpx.AsyncClient, proxy: Proxy, config: Config, body: 
     if config.mode == "detect":  # verdicts come when the judge answers: their place among the text varies
         verdicts = [f for f in frames if isinstance(f, dict) and "verdicts" in f.get("faithfulness", {})]
         frames = [f for f in frames if f not in verdicts] + ["verdicts:", *verdicts]
-    return [r.status_code, *frames]
+    return [r.status_code, *joined_text(frames)]
+
+
+def _text_delta(frame: Any) -> tuple[str, str] | None:
+    """(field, text) of a frame that carries only text, as vLLM streams a token or a few."""
+    if not isinstance(frame, dict) or set(frame) - {"object", "model", "choices"} or len(frame["choices"]) != 1:
+        return None
+    choice = frame["choices"][0]
+    delta = choice.get("delta") or {}
+    if choice.get("finish_reason") is not None or len(delta) != 1:
+        return None
+    ((field, text),) = delta.items()
+    return (field, text) if isinstance(text, str) else None
+
+
+def joined_text(frames: list[Any]) -> list[Any]:
+    """Runs of text-only frames of one field as one: how vLLM cuts its stream into chunks depends on when
+    its output is read (under load, two tokens come as one chunk), which the proxy passes on as it is."""
+    out: list[Any] = []
+    for frame in frames:
+        text, last = _text_delta(frame), _text_delta(out[-1]) if out else None
+        if text is not None and last is not None and text[0] == last[0]:
+            out[-1] = {**out[-1], "choices": [{**out[-1]["choices"][0], "delta": {text[0]: last[1] + text[1]}}]}
+        else:
+            out.append(frame)
+    return out
 
 
 async def compare(proxies: list[Proxy], model: str, count: int, max_tokens: int, out: Path) -> dict[str, list[int]]:
