@@ -104,11 +104,33 @@ class ResponsesRequest(_Open):
     temperature: float | None = None
 
 
+class AnthropicText(_Open):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicImageSource(_Open):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
+class AnthropicImage(_Open):
+    type: Literal["image"]
+    source: AnthropicImageSource
+
+
+class AnthropicMessage(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[AnthropicText | AnthropicImage]
+
+
 class MessagesRequest(_Open):
     """An Anthropic Messages API request; fields not listed are forwarded to vLLM untouched in off mode."""
 
     model: str = Field(min_length=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     system: str | list[dict[str, Any]] | None = None
     stream: bool | None = False
@@ -239,7 +261,9 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             components["schemas"].update(completion.pop("$defs", {}))
             components["schemas"]["CompletionRequest"] = completion
             components["schemas"]["ResponsesRequest"] = ResponsesRequest.model_json_schema()
-            components["schemas"]["MessagesRequest"] = MessagesRequest.model_json_schema()
+            messages = MessagesRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components["schemas"].update(messages.pop("$defs", {}))
+            components["schemas"]["MessagesRequest"] = messages
             state = getattr(app.state, "faithproxy", None)
             for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
                 if path in schema["paths"]:

@@ -1,0 +1,80 @@
+"""Fuzzing the doors beside chat: schemathesis against their OpenAPI schemas (/v1/completions,
+/v1/responses, /v1/messages), on the in-process app and the flaky fake vLLM of tests/server/test_fuzz.py,
+each generated case sent in the same twelve variants (three modes, annotated or not, streamed as
+generated or not). Bounded: 12 positive and 6 negative cases per door (648 requests; the chat door's
+run in test_fuzz.py is the long one). The property,
+as for chat: no 5xx and no error frame except for the upstream failures injected into that request,
+and every event stream ends with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from schemathesis.generation import GenerationMode
+
+from faithproxy.testing import frames
+from tests.server.test_fuzz import APP, FUZZ_SETTINGS, INJECTED, SCHEMA, VARIANTS, InProcess, injected, variants
+
+CASES = {GenerationMode.POSITIVE: 12, GenerationMode.NEGATIVE: 6}
+DOORS = ["/v1/completions", "/v1/responses", "/v1/messages"]
+
+
+@pytest.fixture(scope="module")
+def in_process() -> Iterator[InProcess]:
+    driver = InProcess(APP)
+    try:
+        yield driver
+    finally:
+        driver.close()
+
+
+def _injected_error(error: Any) -> bool:
+    """An error the flaky upstream caused, in OpenAI's or Anthropic's shape."""
+    if not isinstance(error, dict):
+        return False
+    return error.get("type") in ("upstream_error", "api_error") or INJECTED in str(error.get("message"))
+
+
+def check(answer: Any, failing: bool, seen: Counter[str]) -> None:
+    status = answer.status_code
+    seen[f"{status // 100}xx"] += 1
+    if status >= 500:
+        body = answer.json()
+        assert failing and _injected_error(body.get("error")), f"{status}: {answer.text[:500]}"
+    if answer.headers.get("content-type", "").startswith("text/event-stream"):
+        data = frames(answer.text)
+        assert data and data[-1] == "[DONE]", answer.text[-300:]
+        for payload in data[:-1]:
+            parsed = json.loads(payload)
+            error = parsed.get("error") if parsed.get("type") in (None, "error") else None
+            if error is not None:
+                assert failing and _injected_error(error), payload
+                seen["injected_error_frames"] += 1
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
+def test_schemathesis_doors(door: str, mode: GenerationMode, in_process: InProcess) -> None:
+    operation = SCHEMA[door]["POST"]
+    seen: Counter[str] = Counter()
+
+    @given(case=operation.as_strategy(mode))
+    @settings(FUZZ_SETTINGS, max_examples=CASES[mode])
+    def run(case: Any) -> None:
+        seen["cases"] += 1
+        kwargs = case.as_transport_kwargs()
+        for headers, content, body in variants(kwargs):
+            check(in_process.call(kwargs["method"], kwargs["url"], headers, content), injected(body), seen)
+            seen["requests"] += 1
+
+    run()
+    print(f"schemathesis {door} {mode.value}: {dict(seen)}")
+    assert seen["requests"] == len(VARIANTS) * seen["cases"] >= len(VARIANTS) * CASES[mode] * 0.9
+    if mode is GenerationMode.POSITIVE:
+        assert seen["2xx"] > 0  # the grammar does reach the upstream
