@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faithproxy.faithcore.errors import PolicyError
@@ -69,6 +69,7 @@ def _nest(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 # built level by level, as in test_fuzz.py (st.recursive may warn, an error here, when it draws no child)
+@settings(deadline=None)  # timing is not the property: a loaded machine must not fail it
 @given(_nest(_nest(_nest(_nest(st.integers(0, 9) | st.text(alphabet='[]{}\\"', max_size=4))))))
 def test_the_depth_scan_agrees_with_the_parsed_depth(value: Any) -> None:
     def depth(v: Any) -> int:
