@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anthropic
 import pytest
 from openai import AsyncOpenAI
 
@@ -96,3 +97,34 @@ async def test_responses_door_corrects_like_chat(stack: Stack) -> None:
         **ask, temperature=0.0, extra_headers={**headers, "X-Faithproxy-Mode": "detect"}
     )
     assert detect.output_text == spec.chain_text(f)  # detect rewrites nothing
+
+
+async def test_messages_door_corrects_like_chat(stack: Stack) -> None:
+    """The anthropic SDK on /v1/messages: the planted chain corrected, the chat client's verdicts."""
+    f = spec.get("red_circle")
+    headers = {"X-Faithproxy-Judge": "claude"}
+    chat = await stack.client.chat.completions.create(**request("red_circle", stack.model), extra_headers=headers)
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": spec.data_url("red_circle").split(",", 1)[1]},
+    }
+    ask: dict[str, Any] = {
+        "model": stack.model,
+        "max_tokens": 200,
+        "extra_body": {"temperature": 0.0},  # this SDK version takes no `temperature` argument
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": f.question}]}],
+    }
+    sdk = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0, timeout=120)
+    message = await sdk.messages.create(**ask, extra_headers=headers)
+    assert message.content[-1].text == chat.choices[0].message.content == spec.corrected_chain_text(f)  # type: ignore[union-attr]
+    steps = (message.model_extra or {})["faithfulness"]["steps"]
+    chat_steps = chat.model_extra["faithfulness"]["steps"]
+    assert [(s["index"], s["detected"], s["verdict"]) for s in steps] == [
+        (s["index"], s["detected"], s["verdict"]) for s in chat_steps
+    ]
+    async with sdk.messages.stream(**ask, extra_headers=headers) as stream:
+        text = "".join([t async for t in stream.text_stream])
+        final = await stream.get_final_message()
+    await sdk.close()
+    assert text == final.content[-1].text == spec.corrected_chain_text(f)  # type: ignore[union-attr]
+    assert "The circle is blue." not in text
