@@ -20,7 +20,8 @@ disconnects after the first bytes of the answer, and a slow upload (headers and 
 silence past the proxy's body timeout, 10 s here: the proxy answers 408).
 
 Every --sample-s it prints the proxy's sample beside the requests done and failed since the last one;
-at the end, the least-squares slope of each figure per minute over the samples after --warmup-min
+at the end, the least-squares slope of each figure per minute over the samples after --warmup-min and
+before the traffic stops
 (RSS in MiB/min, descriptors and tasks per minute), next to the spread of the samples, and writes all
 samples with --out.
 """
@@ -216,8 +217,10 @@ class Traffic:
             writer.close()
 
 
-def slopes(samples: list[dict[str, Any]], warmup_min: float) -> dict[str, Any]:
-    kept = [s for s in samples if s["t_min"] >= warmup_min]
+def slopes(samples: list[dict[str, Any]], warmup_min: float, end_min: float) -> dict[str, Any]:
+    """Slopes over the samples taken under load: after the warm-up, before the clients stop (the
+    sampler's clock starts a little before the traffic's, so `end_min` is the traffic's length)."""
+    kept = [s for s in samples if warmup_min <= s["t_min"] <= end_min]
     out: dict[str, Any] = {"samples": len(kept)}
     if len(kept) < 3:
         return out
@@ -252,7 +255,7 @@ async def drive(args: argparse.Namespace, url: str, model: str, samples: Path) -
         for c in clients:
             c.result()
     rows = [json.loads(line) for line in _lines(samples)]
-    result = {"samples": rows, "requests": dict(traffic.tally), "slopes": slopes(rows, args.warmup_min)}
+    result = {"samples": rows, "requests": dict(traffic.tally), "slopes": slopes(rows, args.warmup_min, args.minutes)}
     print("slopes after warm-up:", json.dumps(result["slopes"]))
     return result
 
