@@ -352,8 +352,11 @@ def _payloads(tail: bytes) -> list[dict[str, Any]]:
 
 
 def step_label(step: Step) -> str | None:
-    """faithful | unfaithful | fixed | residual | unchecked; None for a step no detector was asked about."""
+    """faithful | unfaithful | fixed | residual | unchecked; None for a step no detector was asked about
+    (a reasoning step, or any step under detector `none`: there was no check to report)."""
     first = step.first_verdict
+    if step.unchecked_reason == "detector_none":
+        return None
     if step.unchecked_reason:
         return "unchecked"
     if first is None:

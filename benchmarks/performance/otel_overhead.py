@@ -115,6 +115,11 @@ async def main(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for url, _ in proxies.values():
             await _wait(f"{url}/healthz")
         await _wait(f"http://127.0.0.1:{collector_port}/")
+        # Warm-up, not measured: each proxy's first requests, and the first export (after the batch
+        # processor's 5 s delay), whose lazy imports (protobuf encoders, the HTTP session) cost once.
+        for url, _ in proxies.values():
+            await _batch(url, args.concurrency, args.concurrency, args.max_tokens)
+        await asyncio.sleep(6.0)
         figures = {name: {"cpu_s": 0.0, "tokens": 0} for name in proxies}
         for round_ in range(args.rounds):
             order = ("off", "on") if round_ % 2 == 0 else ("on", "off")

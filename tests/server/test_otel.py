@@ -97,6 +97,8 @@ async def test_a_corrected_request_reads_back_as_a_span_tree(monkeypatch: pytest
 
 def _label(step: dict[str, Any]) -> str | None:
     """The evaluation label a step's annotation (the `faithfulness` summary) implies."""
+    if step.get("unchecked_reason") == "detector_none":
+        return None
     if step.get("unchecked_reason"):
         return "unchecked"
     if step["detected"] == "unknown":
@@ -170,3 +172,4 @@ def test_step_labels() -> None:
     assert otel.step_label(step(first_verdict=flag, original_text="x")) == "fixed"
     assert otel.step_label(step(first_verdict=flag)) == "unfaithful"
     assert otel.step_label(step(unchecked_reason="budget", residual=True)) == "unchecked"
+    assert otel.step_label(step(unchecked_reason="detector_none", residual=True)) is None  # nothing was checked
