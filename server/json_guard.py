@@ -5,6 +5,8 @@ parsing, so no body can make the parser recurse or allocate without bound.
     arrays/objects nested > MAX_DEPTH         a pre-scan of the raw bytes          400 nesting_too_deep
     an integer of more than MAX_INT_DIGITS    json's parse_int hook, set only      400 number_too_large
                                               when the bytes hold such a digit run
+    a number beyond a double (1e999)          json's parse_float hook, set with    400 number_too_large
+                                              parse_int or for a 3-digit exponent
     NaN, Infinity, -Infinity (not JSON)       json's parse_constant hook           400 invalid_json
     anything else that is not JSON            json.loads                           400 invalid_json
 
@@ -18,6 +20,7 @@ and skip the scan altogether: off mode's admission stays cheap. Nothing here is 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -27,6 +30,7 @@ MAX_DEPTH = 64  # OpenAI bodies nest a handful of levels; tool parameter schemas
 MAX_INT_DIGITS = 20  # every integer OpenAI takes (token counts, seeds) fits in 64 bits: 20 digits
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)  # unterminated: to the end (json refuses it)
 _LONG_DIGITS = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+_BIG_EXPONENT = re.compile(rb"[eE][+-]?\d{3}")  # 1e999 is inf to Python, and "Infinity" re-encoded
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _EMPTY = re.compile(rb"\[\]|\{\}")  # one pass takes one level: "{[]}" becomes "{}", not ""
 _ROUNDS = 8  # pair-removal rounds done in C before the walk: wide bodies shrink to nothing in them
@@ -36,8 +40,9 @@ def load_json(raw: bytes) -> Any:
     """`raw` as a JSON value, or a PolicyError (400) for a body that is not JSON or exceeds the bounds."""
     check_depth(raw)
     hooks: dict[str, Any] = {"parse_constant": _no_constant}
-    if _LONG_DIGITS.search(raw):  # maybe in a string only: the hook sees numbers, never strings
+    if _LONG_DIGITS.search(raw) or _BIG_EXPONENT.search(raw):  # maybe in strings: hooks see numbers only
         hooks["parse_int"] = _bounded_int
+        hooks["parse_float"] = _finite_float
     try:
         return json.loads(raw, **hooks)
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
@@ -69,6 +74,13 @@ def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise PolicyError(f"Request body has an integer of more than {MAX_INT_DIGITS} digits.", code="number_too_large")
     return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise PolicyError(f"Request body has a number too large for a double: {text[:40]}", code="number_too_large")
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -294,6 +294,7 @@ MALFORMED = [
     b"{" + _HI + b',"max_completion_tokens":99999999999}',
     b"{" + _HI + b',"temperature":NaN}',
     b"{" + _HI + b',"top_p":Infinity}',
+    b"{" + _HI + b',"temperature":1e999}',  # inf to Python: re-encoded it would be "Infinity", not JSON
 ]
 
 

@@ -90,6 +90,8 @@ def test_the_depth_scan_agrees_with_the_parsed_depth(value: Any) -> None:
     [
         (chat(b'"seed":' + b"9" * 5000), "number_too_large"),  # json alone: ValueError, a 500
         (chat(b'"seed":-' + b"1" * (MAX_INT_DIGITS + 1)), "number_too_large"),
+        (chat(b'"temperature":1e999'), "number_too_large"),  # inf, re-encoded as "Infinity" (not JSON)
+        (chat(b'"top_p":-' + b"9" * 400 + b".5"), "number_too_large"),
         (chat(b'"temperature":NaN'), "invalid_json"),
         (chat(b'"temperature":-Infinity'), "invalid_json"),
         (b"\xff\xfe", "invalid_json"),
@@ -104,6 +106,8 @@ def test_huge_integers_and_constants_are_refused(raw: bytes, code: str) -> None:
 def test_long_digit_runs_in_strings_and_floats_are_fine() -> None:
     raw = chat(b'"x":"' + b"1" * 5000 + b'","y":1.' + b"0" * 100 + b',"seed":' + b"9" * MAX_INT_DIGITS)
     assert load_json(raw)["seed"] == int("9" * MAX_INT_DIGITS)
+    small = load_json(chat(b'"a":1e-999,"b":1.5e300,"c":"1e999"'))
+    assert (small["a"], small["b"], small["c"]) == (0.0, 1.5e300, "1e999")
 
 
 @pytest.mark.parametrize("value", [MAX_TOKEN_COUNT + 1, 1e300, 10**19])
@@ -122,6 +126,7 @@ MALFORMED = {
     "huge_integer": (chat(b'"max_tokens":' + b"7" * 5000), "number_too_large"),
     "huge_max_tokens": (chat(b'"max_tokens":1' + b"0" * 15), "max_tokens_too_large"),
     "nan": (chat(b'"top_p":NaN'), "invalid_json"),
+    "inf": (chat(b'"temperature":1e400'), "number_too_large"),
 }
 
 
