@@ -167,3 +167,23 @@ async def test_openapi_describes_the_completions_door(proxy: Any) -> None:
     assert operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("CompletionRequest")
     assert any(p["name"].lower() == "x-faithproxy-mode" for p in operation["parameters"])
     assert "prompt" in schema["components"]["schemas"]["CompletionRequest"]["required"]
+
+
+DOOR_BODIES = {
+    "/v1/completions": {"model": "m", "prompt": PROMPT, "max_tokens": 16},
+    "/v1/responses": {"model": "m", "input": "hi", "max_output_tokens": 16},
+    "/v1/messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+async def test_every_door_reports_by_request_id_and_is_counted(proxy: Any) -> None:
+    url, _ = proxy
+    async with httpx.AsyncClient(timeout=10) as http:
+        for path, payload in DOOR_BODIES.items():
+            answer = await http.post(f"{url}{path}", json=payload, headers={"x-faithproxy-mode": "correct"})
+            assert answer.status_code == 200, (path, answer.text)
+            request_id = answer.headers["x-faithproxy-request-id"]
+            report = await http.get(f"{url}/v1/faithfulness/{request_id}")
+            assert report.status_code == 200 and report.json()["id"] == request_id, path
+        exposition = (await http.get(f"{url}/metrics")).text
+    assert metric(exposition, "faithproxy_requests_total", mode="correct", status="2xx") == 3
