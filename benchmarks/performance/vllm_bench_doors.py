@@ -24,7 +24,7 @@ DEFAULT_MODEL_DIR = Path("var/models/fixture-vlm")
 CLI = (
     "import importlib.metadata as m, runpy, sys\n"
     "v = m.version\n"
-    "m.version = lambda name: '0.0.0' if name == 'vllm' else v(name)\n"
+    "m.version = lambda name: __import__('vllm').__version__ if name == 'vllm' else v(name)\n"
     "sys.argv = ['vllm', *sys.argv[1:]]\n"
     "runpy.run_module('vllm.entrypoints.cli.main', run_name='__main__')\n"
 )
