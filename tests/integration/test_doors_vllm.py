@@ -128,3 +128,21 @@ async def test_messages_door_corrects_like_chat(stack: Stack) -> None:
     await sdk.close()
     assert text == final.content[-1].text == spec.corrected_chain_text(f)  # type: ignore[union-attr]
     assert "The circle is blue." not in text
+
+
+async def test_off_mode_passes_vllm_responses_and_messages_through(stack: Stack) -> None:
+    """`off` on the Responses and Messages doors is vLLM's own endpoint: the model's chain, uncorrected."""
+    f = spec.get("red_circle")
+    off = {"X-Faithproxy-Mode": "off"}
+    ask: dict[str, Any] = {"model": stack.model, "input": responses_input("red_circle"), "max_output_tokens": 200}
+    response = await stack.client.responses.create(**ask, temperature=0.0, extra_headers=off)
+    assert response.output_text.strip().endswith(spec.chain_text(f).strip()[-20:])
+    sdk = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0, timeout=120)
+    message = await sdk.messages.create(
+        model=stack.model,
+        max_tokens=200,
+        messages=[{"role": "user", "content": f.question}],
+        extra_headers=off,
+    )
+    await sdk.close()
+    assert message.content and message.content[-1].type == "text"
