@@ -28,9 +28,8 @@ from faithproxy.faithcore.types import Channel
 from faithproxy.server.image_urls import settle_media_urls
 from faithproxy.server.limits import MESSAGES_PATH, check_body
 from faithproxy.server.responses import ChatServing
-from faithproxy.server.session import Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
+from faithproxy.server.session import EmitEnd, EmitExtra, EmitText
 from faithproxy.server.sse import ChunkFactory
-from faithproxy.server.summary import step_annotation
 
 _UNSUPPORTED = ("tools", "tool_choice", "mcp_servers", "container")
 _PASSED_ON = ("temperature", "top_p", "top_k", "seed")
@@ -225,23 +224,20 @@ class MessagesServing(ChatServing):
         self.events = MessagesEvents(f"{self.object_id_prefix}_{self.request_id}", self.body["model"])
         return self.events
 
-    def _frames_for(self, item: Emit, chunks: ChunkFactory) -> list[bytes]:
-        events = self.events
-        if isinstance(item, EmitText):
-            self.answer[item.field] = self.answer.get(item.field, "") + item.text
-            step = {"step": step_annotation(item.step)} if self.policy.annotate and item.step else None
-            return events.text(item.channel, item.text, step)
-        if isinstance(item, EmitVerdicts):
-            if not self.policy.annotate:
-                return []
-            verdicts = {"verdicts": [step_annotation(s) for s in item.steps]}
-            # on a `ping` event: the SDK skips pings, a raw-SSE client reads them; the summary on
-            # message_delta carries every verdict too
-            return [*events.start(), events.event("ping", faithfulness=verdicts)]
-        if isinstance(item, EmitExtra):
-            return []  # tool calls and the like: refused before the chain started
-        assert isinstance(item, EmitEnd) and self.session is not None
-        return events.end(item.finish_reason, dict(self.session.result().usage), self._summary())
+    def _text_frames(self, item: EmitText, step: dict[str, Any] | None, chunks: ChunkFactory) -> list[bytes]:
+        return self.events.text(item.channel, item.text, None if step is None else {"step": step})
+
+    def _verdict_frames(self, verdicts: list[dict[str, Any]], chunks: ChunkFactory) -> list[bytes]:
+        # on a `ping` event: the SDK skips pings, a raw-SSE client reads them; the summary on
+        # message_delta carries every verdict too
+        return [*self.events.start(), self.events.event("ping", faithfulness={"verdicts": verdicts})]
+
+    def _extra_frames(self, item: EmitExtra, chunks: ChunkFactory) -> list[bytes]:
+        return []  # tool calls and the like: refused before the chain started
+
+    def _end_frames(self, item: EmitEnd, chunks: ChunkFactory) -> list[bytes]:
+        assert self.session is not None
+        return self.events.end(item.finish_reason, dict(self.session.result().usage), self._summary())
 
     def _body(self, finish_reason: str | None, extras: dict[str, Any]) -> dict[str, Any]:
         assert self.session is not None

@@ -29,9 +29,8 @@ from faithproxy.faithcore.types import Channel
 from faithproxy.server.image_urls import settle_media_urls
 from faithproxy.server.limits import RESPONSES_PATH, check_body
 from faithproxy.server.responses import ChatServing
-from faithproxy.server.session import Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
+from faithproxy.server.session import EmitEnd, EmitExtra, EmitText
 from faithproxy.server.sse import ChunkFactory
-from faithproxy.server.summary import step_annotation
 
 _UNSUPPORTED = ("previous_response_id", "conversation", "store", "background", "tools", "prompt")
 _PASSED_ON = ("temperature", "top_p", "seed", "user", "metadata", "top_k", "repetition_penalty")
@@ -258,20 +257,19 @@ class ResponsesServing(ChatServing):
         self.events = ResponsesEvents(f"{self.object_id_prefix}_{self.request_id}", self.body["model"], self.request)
         return self.events
 
-    def _frames_for(self, item: Emit, chunks: ChunkFactory) -> list[bytes]:
+    def _text_frames(self, item: EmitText, step: dict[str, Any] | None, chunks: ChunkFactory) -> list[bytes]:
+        return self.events.text(item.channel, item.text, None if step is None else {"step": step})
+
+    def _verdict_frames(self, verdicts: list[dict[str, Any]], chunks: ChunkFactory) -> list[bytes]:
+        verdict_event = self.events.event("response.faithfulness.verdicts", faithfulness={"verdicts": verdicts})
+        return [*self.events.start(), verdict_event]
+
+    def _extra_frames(self, item: EmitExtra, chunks: ChunkFactory) -> list[bytes]:
+        return []  # tool calls and the like: refused before the chain started
+
+    def _end_frames(self, item: EmitEnd, chunks: ChunkFactory) -> list[bytes]:
+        assert self.session is not None
         events = self.events
-        if isinstance(item, EmitText):
-            self.answer[item.field] = self.answer.get(item.field, "") + item.text
-            step = {"step": step_annotation(item.step)} if self.policy.annotate and item.step else None
-            return events.text(item.channel, item.text, step)
-        if isinstance(item, EmitVerdicts):
-            if not self.policy.annotate:
-                return []
-            verdicts = {"verdicts": [step_annotation(s) for s in item.steps]}
-            return [*events.start(), events.event("response.faithfulness.verdicts", faithfulness=verdicts)]
-        if isinstance(item, EmitExtra):
-            return []  # tool calls and the like: refused before the chain started
-        assert isinstance(item, EmitEnd) and self.session is not None
         frames = [*events.start(), *events.close()]
         final = events.final(item.finish_reason, dict(self.session.result().usage), self._summary())
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"

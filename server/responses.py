@@ -35,8 +35,9 @@ log = logging.getLogger("faithproxy")
 
 
 class ChatServing:
-    """Serves one admitted chat request. Another door (server/completions.py) subclasses it, giving its
-    own `wire`, `_messages`, `_chunks`, `_frames_for` and `_body`: the session and accounting stay here."""
+    """Serves one admitted chat request. Another door (server/completions.py, ...) subclasses it, giving
+    its own `wire`, `_messages`, `_chunks`, frame hooks (`_text_frames`, `_verdict_frames`,
+    `_extra_frames`, `_end_frames`) and `_body`: the session and accounting stay here."""
 
     wire = CHAT_WIRE  # the rounds' path, body and wire reader (server/session.py)
     object_id_prefix = "chatcmpl"
@@ -190,24 +191,35 @@ class ChatServing:
         return ChunkFactory(f"{self.object_id_prefix}-{self.request_id}", self.body["model"])
 
     def _frames_for(self, item: Emit, chunks: ChunkFactory) -> list[bytes]:
-        annotate = self.policy.annotate
+        """One emit as the door's frames; each door renders the four kinds in its hooks below."""
         if isinstance(item, EmitText):
             self.answer[item.field] = self.answer.get(item.field, "") + item.text
-            if not (annotate and item.step):  # detect mode's per-token deltas: only the text is encoded
-                return [chunks.text_frame(item.field, item.text)]
-            extra = {"faithfulness": {"step": step_annotation(item.step)}}
-            return [frame(chunks.chunk({item.field: item.text}, extra=extra))]
-        if isinstance(item, EmitExtra):
-            return [frame(chunks.chunk(item.delta))]
+            step = step_annotation(item.step) if self.policy.annotate and item.step else None
+            return self._text_frames(item, step, chunks)
         if isinstance(item, EmitVerdicts):
-            if not annotate:
+            if not self.policy.annotate:
                 return []
-            verdicts = {"faithfulness": {"verdicts": [step_annotation(s) for s in item.steps]}}
-            return [frame(chunks.chunk({}, extra=verdicts))]
-        assert isinstance(item, EmitEnd)
+            return self._verdict_frames([step_annotation(s) for s in item.steps], chunks)
+        if isinstance(item, EmitExtra):
+            return self._extra_frames(item, chunks)
+        assert isinstance(item, EmitEnd) and self.session is not None
+        return self._end_frames(item, chunks)
+
+    def _text_frames(self, item: EmitText, step: dict[str, Any] | None, chunks: ChunkFactory) -> list[bytes]:
+        """`step`: the annotation of the step this text completes, when the client gets annotations."""
+        if step is None:  # detect mode's per-token deltas: only the text is encoded
+            return [chunks.text_frame(item.field, item.text)]
+        return [frame(chunks.chunk({item.field: item.text}, extra={"faithfulness": {"step": step}}))]
+
+    def _verdict_frames(self, verdicts: list[dict[str, Any]], chunks: ChunkFactory) -> list[bytes]:
+        return [frame(chunks.chunk({}, extra={"faithfulness": {"verdicts": verdicts}}))]
+
+    def _extra_frames(self, item: EmitExtra, chunks: ChunkFactory) -> list[bytes]:
+        return [frame(chunks.chunk(item.delta))]
+
+    def _end_frames(self, item: EmitEnd, chunks: ChunkFactory) -> list[bytes]:
         extra = {"faithfulness": self._summary(), **self._judge_usage()}
-        end = chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra=extra)
-        return [frame(end)]
+        return [frame(chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra=extra))]
 
     # ---- non-stream ---------------------------------------------------------------------------
 
