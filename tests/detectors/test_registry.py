@@ -118,6 +118,7 @@ def test_the_built_in_declarations() -> None:
     """The headers and stages the server serves today come from the detectors' classes."""
     assert {o.header: o.key for o in declared_options()} == {
         "x-faithproxy-judge-budget": "judge_budget_tokens",
+        "x-faithproxy-flag-threshold": "flag_threshold",  # the judge's (issue 32)
         "x-faithproxy-probe-threshold": "probe_threshold",
         "x-faithproxy-cascade-low": "cascade_low",
         "x-faithproxy-cascade-high": "cascade_high",
