@@ -82,12 +82,20 @@ def build_detectors(deps: DetectorDeps) -> dict[str, Detector]:
 
 def declared_options() -> tuple[DetectorOption, ...]:
     """Every registered detector's per-request options, in registry order, each header once (two
-    detectors may share an option)."""
-    seen: dict[str, DetectorOption] = {}
-    for name in DETECTORS.available():
-        for option in DETECTORS.resolve(name).options:
-            seen.setdefault(option.header, option)
-    return tuple(seen.values())
+    detectors may share an option). Read on every request (the header table): computed once per state
+    of the registry, which a registration changes."""
+    entries = tuple(DETECTORS.items())  # Entry is frozen: the tuple is a key for what is registered
+    cached = _DECLARED.get(entries)
+    if cached is None:
+        seen: dict[str, DetectorOption] = {}
+        for name in DETECTORS.available():
+            for option in DETECTORS.resolve(name).options:
+                seen.setdefault(option.header, option)
+        cached = _DECLARED[entries] = tuple(seen.values())
+    return cached
+
+
+_DECLARED: dict[tuple[tuple[str, Entry], ...], tuple[DetectorOption, ...]] = {}
 
 
 def decision_stages() -> tuple[str, ...]:
