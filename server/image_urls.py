@@ -8,7 +8,9 @@ or any internal service. What happens to such a URL is the `image_urls` setting
 - `fetch` (the default): the proxy fetches the image under its SSRF policy (`clients/image_fetch.py`:
   public addresses only, checked after DNS and again on every redirect, size and time limits) and
   sends vLLM, and the judge, the bytes as a data URL. An image the policy refuses or that cannot be
-  fetched is a 400 whose message names the part (`messages[1].content[0].image_url`).
+  fetched is a 400 whose message names the part (`messages[1].content[0].image_url`). Every door's
+  images are settled: chat `image_url` parts, Responses `input_image` parts, Anthropic `image` blocks
+  with a `url` source (server/media_parts.py).
 - `refuse`: an http(s) image URL is a 400; clients must send data URLs.
 - `pass`: URLs go to vLLM as the client sent them. Only for a vLLM started with
   `--allowed-media-domains` (and without `--allowed-local-media-path`), which then enforces its own
@@ -22,54 +24,18 @@ an http(s) `video_url` or `audio_url` is refused unless the setting is `pass`.
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from faithproxy.clients.image_fetch import ImageFetcher
 from faithproxy.faithcore.errors import ImageRefused
+from faithproxy.server.media_parts import MediaPart, media_parts
 
 ImageURLHandling = Literal["fetch", "refuse", "pass"]
 
-_MEDIA_PARTS = {"image_url": "image", "video_url": "video", "audio_url": "audio"}
 
-
-@dataclass
-class _MediaURL:
-    """One media part's URL and where it sits: messages[message].content[part].<type>."""
-
-    message: int
-    part: int
-    kind: str  # the part type: image_url, video_url, audio_url
-    url: str
-    holder: dict[str, Any]  # the part, or its {"url": ...} object: what the data URL is written into
-    key: str  # the key under `holder` that holds the URL
-
-    @property
-    def where(self) -> str:
-        return f"messages[{self.message}].content[{self.part}].{self.kind}"
-
-    def refused(self, why: str, *, code: str = "image_refused") -> ImageRefused:
-        # `param` stays "messages", as for every other image error; the message names the part.
-        return ImageRefused(f"{self.where} ({_short(self.url)}): {why}", code=code)
-
-
-def _media_urls(messages: list[dict[str, Any]]) -> Iterator[_MediaURL]:
-    for m, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for p, part in enumerate(content):
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str) or part["type"] not in _MEDIA_PARTS:
-                continue
-            kind = part["type"]
-            spec = part.get(kind)
-            if isinstance(spec, dict) and isinstance(spec.get("url"), str):
-                yield _MediaURL(m, p, kind, spec["url"], spec, "url")
-            elif isinstance(spec, str):  # the bare-string form some clients send
-                yield _MediaURL(m, p, kind, spec, part, kind)
-            # anything else is malformed: the checking modes say so (400), vLLM does in `off`
+def _refused(media: MediaPart, why: str, *, code: str = "image_refused") -> ImageRefused:
+    # `param` stays "messages", as for every other image error; the message names the part.
+    return ImageRefused(f"{media.where} ({_short(media.url or '')}): {why}", code=code)
 
 
 def _scheme(url: str) -> str:
@@ -78,45 +44,45 @@ def _scheme(url: str) -> str:
 
 
 async def settle_media_urls(body: dict[str, Any], handling: ImageURLHandling, fetcher: ImageFetcher | None) -> bool:
-    """Applies `handling` to every media URL of `body["messages"]`, replacing fetched images by data
-    URLs in place; True when the body changed (the caller re-encodes what it forwards). Raises
-    ImageRefused (400) before anything has been sent upstream."""
-    to_fetch: list[_MediaURL] = []
-    for media in _media_urls(body.get("messages") or []):  # a completions prompt has none
+    """Applies `handling` to every media URL of the body (any door's shape: server/media_parts.py),
+    replacing fetched images by inline data in place; True when the body changed (the caller re-encodes
+    what it forwards). Raises ImageRefused (400) before anything has been sent upstream."""
+    to_fetch: list[MediaPart] = []
+    for media in media_parts(body):
+        if media.url is None:  # inline base64 data
+            continue
         scheme = _scheme(media.url)
         if scheme == "data":
             continue
         if scheme not in ("http", "https"):
-            raise media.refused("media URLs must be data: or http(s) URLs")
+            raise _refused(media, "media URLs must be data: or http(s) URLs")
         if handling == "pass":
             continue
-        if media.kind != "image_url":
-            what = _MEDIA_PARTS[media.kind]
-            raise media.refused(f"the proxy does not fetch {what} URLs; send the {what} as a data URL")
+        if media.media != "image":
+            raise _refused(media, f"the proxy does not fetch {media.media} URLs; send the {media.media} as a data URL")
         if handling == "refuse":
-            raise media.refused(
-                "this server does not accept image URLs; send the image as a data URL", code="image_url_not_allowed"
-            )
+            why = "this server does not accept image URLs; send the image as a data URL"
+            raise _refused(media, why, code="image_url_not_allowed")
         to_fetch.append(media)
     if not to_fetch:
         return False
     if fetcher is None:  # create_app builds one whenever the setting is `fetch`
         raise RuntimeError("image_urls is 'fetch' but the app has no image fetcher")
-    data_urls = await _fetch_all(fetcher, to_fetch)
-    for media, data_url in zip(to_fetch, data_urls, strict=True):
-        media.holder[media.key] = data_url
+    fetched = await _fetch_all(fetcher, to_fetch)
+    for media, (data, media_type) in zip(to_fetch, fetched, strict=True):
+        media.replace(data, media_type)
     return True
 
 
-async def _fetch_all(fetcher: ImageFetcher, media: list[_MediaURL]) -> list[str]:
-    """The images as data URLs, fetched side by side; the first refusal cancels the other fetches."""
+async def _fetch_all(fetcher: ImageFetcher, media: list[MediaPart]) -> list[tuple[bytes, str]]:
+    """The images' bytes and media types, fetched side by side; the first refusal cancels the other fetches."""
 
-    async def one(item: _MediaURL) -> str:
+    async def one(item: MediaPart) -> tuple[bytes, str]:
+        assert item.url is not None
         try:
-            data, media_type = await fetcher.fetch(item.url)
+            return await fetcher.fetch(item.url)
         except ImageRefused as exc:
-            raise item.refused(exc.message, code=exc.code or "image_refused") from exc
-        return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+            raise _refused(item, exc.message, code=exc.code or "image_refused") from exc
 
     try:
         async with asyncio.TaskGroup() as group:

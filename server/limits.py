@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
 from faithproxy.server.errors import send_error
+from faithproxy.server.media_parts import media_parts
 from faithproxy.server.settings import Settings
 
 CHAT_PATH = "/v1/chat/completions"
@@ -183,25 +184,19 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
     """Raises for a body over the image or token limits; True when it added the max_tokens cap
     (the caller re-encodes the body it forwards). Images are counted, not decoded."""
     images = 0
-    for message in body.get("messages") or ():  # a completions prompt has none
-        content = message.get("content")
-        if not isinstance(content, list):
+    for media in media_parts(body):  # every door's shape: chat parts, Responses input_image, Anthropic image blocks
+        if media.media != "image":
             continue
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "image_url"):
-                continue
-            images += 1
-            if images > settings.max_images_per_request:
-                raise PolicyError(
-                    f"Too many images: at most {settings.max_images_per_request} per request.",
-                    param="messages",
-                    code="too_many_images",
-                )
-            spec = part.get("image_url")
-            url = spec.get("url") if isinstance(spec, dict) else spec
-            if isinstance(url, str) and url.startswith("data:") and data_url_size(url) > settings.max_image_bytes:
-                message = f"Image {images} exceeds {settings.max_image_bytes} bytes."
-                raise PayloadTooLarge(message, param="messages", code="image_too_large")
+        images += 1
+        if images > settings.max_images_per_request:
+            raise PolicyError(
+                f"Too many images: at most {settings.max_images_per_request} per request.",
+                param="messages",
+                code="too_many_images",
+            )
+        if media.size > settings.max_image_bytes:
+            message = f"Image {images} ({media.where}) exceeds {settings.max_image_bytes} bytes."
+            raise PayloadTooLarge(message, param="messages", code="image_too_large")
     cap = settings.max_tokens_cap
     asked = False
     for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):  # the last: /v1/responses
@@ -222,13 +217,3 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
         body["max_output_tokens" if "input" in body and "messages" not in body else "max_tokens"] = cap
         return True
     return False
-
-
-def data_url_size(url: str) -> int:
-    """Decoded size of a base64 data URL, from its length alone."""
-    comma = url.find(",")
-    if comma < 0:
-        return 0
-    length = len(url) - comma - 1
-    padding = 2 if url.endswith("==") else 1 if url.endswith("=") else 0
-    return max(0, length * 3 // 4 - padding)

@@ -225,3 +225,58 @@ async def test_a_failed_fetch_cancels_the_others_and_names_its_part(tmp_path: Pa
         response = await proxy.ask(body_with(*parts), "off")
     assert_refused(response, "image_fetch_failed", "messages[1].content[1].image_url", "HTTP 404")
     assert proxy.chat_requests() == []
+
+
+# The other doors' image shapes (server/media_parts.py): settled by admission like chat's, in every mode.
+DOOR_IMAGES = {
+    "/v1/responses": (
+        lambda url: {"model": "m", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "What is in the image?"}, {"type": "input_image", "image_url": url}]}]},
+        "input[0].content[1].image_url",
+    ),
+    "/v1/messages": (
+        lambda url: {"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in the image?"},
+            {"type": "image", "source": {"type": "url", "url": url}}]}]},
+        "messages[0].content[1].source",
+    ),
+}  # fmt: skip
+
+
+def refusal_message(response: httpx.Response) -> str:
+    """The error message in the door's format: Anthropic's on /v1/messages, OpenAI's elsewhere."""
+    body = response.json()
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("door", DOOR_IMAGES)
+async def test_every_door_refuses_a_private_image_url_before_any_upstream_contact(
+    tmp_path: Path, door: str, mode: str
+) -> None:
+    make, part = DOOR_IMAGES[door]
+    async with stack(tmp_path) as proxy, httpx.AsyncClient(timeout=10) as http:
+        response = await http.post(
+            proxy.url + door, json=make("http://metadata.internal.test/latest"), headers={"x-faithproxy-mode": mode}
+        )
+    assert response.status_code == 400, response.text
+    assert refusal_message(response).startswith(part + " (http://metadata.internal.test/")
+    if door == "/v1/messages":
+        assert response.json()["type"] == "error"  # Anthropic's error shape
+    assert [r for r in proxy.vllm.requests if r.method == "POST"] == [] and proxy.host.requests == []
+
+
+@pytest.mark.parametrize("door", DOOR_IMAGES)
+async def test_every_door_forwards_a_fetched_public_image_inline_in_off_mode(tmp_path: Path, door: str) -> None:
+    make, _ = DOOR_IMAGES[door]
+    async with stack(tmp_path) as proxy, httpx.AsyncClient(timeout=10) as http:
+        await http.post(proxy.url + door, json=make("http://images.example.test/red.png"),
+                        headers={"x-faithproxy-mode": "off"})  # fmt: skip
+    assert len(proxy.host.requests) == 1
+    (sent,) = [json.loads(r.content) for r in proxy.vllm.requests if r.url.path == door]  # vLLM's own endpoint
+    image_part = sent["input" if door == "/v1/responses" else "messages"][0]["content"][1]
+    if door == "/v1/responses":
+        assert image_part == {"type": "input_image", "image_url": PNG_DATA_URL}
+    else:
+        assert image_part["source"] == {"type": "base64", "media_type": "image/png", "data": PNG_DATA_URL.split(",")[1]}
+    assert "images.example.test" not in json.dumps(sent)

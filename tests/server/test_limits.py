@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +18,8 @@ from hypothesis import strategies as st
 
 from faithproxy.faithcore.errors import PayloadTooLarge, PolicyError
 from faithproxy.server.app import create_app
-from faithproxy.server.limits import check_body, data_url_size
+from faithproxy.server.limits import check_body
+from faithproxy.server.media_parts import data_url_size
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, delta, frames, running_app, sse
 
@@ -118,6 +120,27 @@ async def test_image_over_the_size_limit_is_413(mode: str) -> None:
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "image_too_large"
     assert chat_calls(vllm) == []
+
+
+def test_every_doors_images_count_against_the_limits() -> None:
+    """Responses input_image parts and Anthropic image blocks (base64 and url) count like chat's parts."""
+    big = base64.b64encode(b"x" * 1500).decode()
+    responses = {
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": f"data:image/png;base64,{big}"}]}]
+    }
+    anthropic = {"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://images.example.test/a.png"}},
+        {"type": "tool_result", "content": [
+            {"type": "image", "source": {"type": "base64", "data": big}}]}]}]}  # fmt: skip
+    for request, where in (
+        (responses, "input[0].content[0].image_url"),
+        (anthropic, "messages[0].content[1].content[0].source"),
+    ):
+        with pytest.raises(PayloadTooLarge, match=re.escape(where)):
+            check_body(request, Settings(max_image_bytes=1000))
+    with pytest.raises(PolicyError, match="Too many images"):
+        check_body(anthropic, Settings(max_images_per_request=1))
+    assert check_body(anthropic, Settings(max_images_per_request=2, max_image_bytes=2000)) is False
 
 
 @given(raw=st.binary(max_size=2000))
