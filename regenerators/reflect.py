@@ -53,25 +53,37 @@ class ReflectRegenerator(Regenerator):
         """A rewrite that is neither the flagged sentence nor one rejected before, or None; with the
         tokens of every call the try made."""
         seen = {bad_step.text.strip(), *(r.strip() for r in bad_step.rejected)}
-        prompt = build_regeneration_prompt(view.question, prefix, bad_step.text)
-        body: dict[str, Any] = {
-            "model": view.model,
-            "messages": [{"role": "user", "content": [*image_parts(view.messages), {"type": "text", "text": prompt}]}],
-            "max_tokens": self.max_tokens,
-            "stream": False,
-        }
+        body = self._body(view, prefix, bad_step)
         usage = Usage()
         if attempt == 1 or self.temperature <= 0:
             candidate = _most_agreed_new(await self._rewrites(body | {"temperature": 0.0}, usage), seen)
             if candidate is not None or self.temperature <= 0:
                 return Regeneration(candidate, usage)
-        # vLLM seeds the n samples of one request seed, seed + 1, ...: spacing the tries' seeds by n
-        # keeps every sample of every try distinct and the whole retry sequence reproducible.
-        sampled = {"temperature": self.temperature, "n": self.samples, "seed": attempt * self.samples}
-        rewrites = await self._rewrites(body | sampled, usage)
+        rewrites = await self._rewrites(body | self._sampled(attempt), usage)
         if self.insist_share is not None and restated_share(rewrites, bad_step.text) >= self.insist_share:
             return Regeneration(None, usage, insisted=True)
         return Regeneration(_most_agreed_new(rewrites, seen), usage)
+
+    def _sampled(self, attempt: int) -> dict[str, Any]:
+        # vLLM seeds the n samples of one request seed, seed + 1, ...: spacing the tries' seeds by n
+        # keeps every sample of every try distinct and the whole retry sequence reproducible.
+        return {"temperature": self.temperature, "n": self.samples, "seed": attempt * self.samples}
+
+    async def sampled_rewrites(
+        self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int
+    ) -> list[str | None]:
+        """The rewrites a sampled try `attempt` reads, exactly as `regenerate` asks for them: what the
+        insist rule is measured on (benchmarks/evaluation/insist_bench.py)."""
+        return await self._rewrites(self._body(view, prefix, bad_step) | self._sampled(attempt), Usage())
+
+    def _body(self, view: RequestView, prefix: list[str], bad_step: Step) -> dict[str, Any]:
+        prompt = build_regeneration_prompt(view.question, prefix, bad_step.text)
+        return {
+            "model": view.model,
+            "messages": [{"role": "user", "content": [*image_parts(view.messages), {"type": "text", "text": prompt}]}],
+            "max_tokens": self.max_tokens,
+            "stream": False,
+        }
 
     async def _rewrites(self, body: dict[str, Any], usage: Usage) -> list[str | None]:
         """One call's rewrites (None: a reply without one); its tokens go into `usage`, the try's tally."""
@@ -84,12 +96,25 @@ class ReflectRegenerator(Regenerator):
 
 
 def _most_agreed_new(rewrites: list[str | None], seen: set[str]) -> str | None:
-    votes = Counter(sentence for sentence in rewrites if sentence and sentence not in seen)
-    return max(votes, key=votes.__getitem__) if votes else None  # max keeps the earliest of a tie
+    """The rewrite most samples agree on among those not seen; spellings that differ only in case or
+    spacing are one rewrite (and one seen before is not new: checking it again would waste a judge
+    call). The earliest spelling of the winner is returned."""
+    old = {_key(s) for s in seen}
+    votes: Counter[str] = Counter()
+    spelling: dict[str, str] = {}
+    for sentence in rewrites:
+        if sentence and _key(sentence) not in old:
+            votes[_key(sentence)] += 1
+            spelling.setdefault(_key(sentence), sentence)
+    return spelling[max(votes, key=votes.__getitem__)] if votes else None  # max keeps the earliest of a tie
+
+
+def _key(sentence: str) -> str:
+    return " ".join(sentence.split()).casefold()
 
 
 def _same(a: str, b: str) -> bool:
-    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+    return _key(a) == _key(b)
 
 
 def restated_share(rewrites: list[str | None], flagged: str) -> float:

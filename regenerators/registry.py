@@ -23,10 +23,18 @@ REGENERATORS: Registry[type[Regenerator]] = Registry(
 
 
 def build_regenerator(
-    name: str, generator: VLLMClient, *, temperature: float, max_tokens: int, samples: int
+    name: str,
+    generator: VLLMClient,
+    *,
+    temperature: float,
+    max_tokens: int,
+    samples: int,
+    insist_share: float | None = None,
 ) -> Regenerator:
     """The regenerator registered as `name`; every regenerator takes the generator (injected here, never
-    carried by the request's view) and these settings.
+    carried by the request's view) and these settings; `insist_share` is passed only when set, so a
+    regenerator without early stop is built as before.
     An unknown name raises UnknownName (also a ValueError) with a suggestion."""
     cls = REGENERATORS.resolve(name)
-    return cls(generator, temperature=temperature, max_tokens=max_tokens, samples=samples)  # type: ignore[call-arg]
+    extra = {} if insist_share is None else {"insist_share": insist_share}
+    return cls(generator, temperature=temperature, max_tokens=max_tokens, samples=samples, **extra)  # type: ignore[call-arg]

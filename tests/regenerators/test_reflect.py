@@ -135,3 +135,26 @@ async def test_samples_that_mostly_restate_the_flagged_sentence_say_the_model_in
     assert restated_share([], BAD) == 0.0
     with pytest.raises(ValueError, match="insist_share"):
         ReflectRegenerator(client, insist_share=0.0)
+
+
+async def test_a_rewrite_that_differs_only_in_case_or_spacing_is_not_new():
+    """The flagged sentence or a rejected rewrite in another case or spacing would be checked again (a
+    wasted judge call); spellings of one new rewrite vote together, the earliest spelling is taken."""
+    rejected = ["There are 3 objects in the image."]
+    upstream = ScriptedVLLM(
+        completion(
+            f"[{BAD.lower()}]",
+            "[there are 3  objects in the image.]",
+            "[There are 5 objects in the image.]",
+            "[there are 2 objects in the image.]",
+            "[There are 2 objects  in the image.]",
+        )
+    )
+    result, _ = await regenerate(upstream, attempt=2, rejected=rejected, samples=5)
+    assert result == "there are 2 objects in the image."  # 2 votes (two spellings) against 1
+
+
+async def test_nothing_but_recased_repeats_is_a_failed_try():
+    upstream = ScriptedVLLM(completion(f"[{BAD.upper()}]", f"[ {BAD} ]"))
+    result, _ = await regenerate(upstream, attempt=2, samples=2)
+    assert result is None

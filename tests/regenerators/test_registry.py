@@ -21,6 +21,17 @@ async def test_build_by_name_passes_the_settings() -> None:
         generator, 0.3, 64, 4,
     )  # fmt: skip
     assert REGENERATORS.listing() == [("reflect", "available", REGENERATORS["reflect"].description)]
+    assert regenerator.insist_share is None  # early stop is off unless the setting is given
+
+
+async def test_the_insist_share_setting_reaches_the_regenerator() -> None:
+    generator = VLLMClient("http://127.0.0.1:9")
+    try:
+        regenerator = build_regenerator("reflect", generator, temperature=0.8, max_tokens=64, samples=8,
+                                        insist_share=0.75)  # fmt: skip
+    finally:
+        await generator.aclose()
+    assert isinstance(regenerator, ReflectRegenerator) and regenerator.insist_share == 0.75
 
 
 def test_an_unknown_name_is_suggested_and_still_a_value_error() -> None:
