@@ -314,6 +314,7 @@ def benchmark(
     regeneration_samples: int | None = None,
     seed: int = HELDOUT_SEED,
     *,
+    start: int = 0,
     judge_model: Path | None = None,
     probe_path: Path | None = None,
     hidden_layers: Sequence[int] | None = None,
@@ -324,7 +325,7 @@ def benchmark(
     from faithproxy.tinyvlm.serve import start_vllm
 
     rows = [parse_row(name) for name in detectors]
-    items = heldout_items(n, seed)
+    items = heldout_items(n, seed, start=start)
     workdir.mkdir(parents=True, exist_ok=True)
     capture: list[str] = []
     if any(r.reads_hidden_states for r in rows):
@@ -376,6 +377,7 @@ def benchmark(
     result: dict[str, Any] = {
         "n_chains": len(items),
         "scenes_seed": seed,
+        "first_item": start,
         "model": str(model_dir),
         "models": models,
         "faithproxy_commit": git_commit(),
@@ -434,6 +436,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=f"scenes' seed: {HELDOUT_SEED} held out (default), {VALIDATION_SEED} for choosing among checkpoints",
     )
+    parser.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="first item of the seed (a multiple of 5): e.g. validation-seed chains no probe was trained on",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-shapesworld"), help="logs and traces")
     parser.add_argument("--out", type=Path, help="result JSON (a Markdown report goes next to it)")
     parser.add_argument("--labelled-dir", type=Path, help="write labelled chains (JSONL) per configuration here")
@@ -490,6 +498,8 @@ def main(args: argparse.Namespace) -> int:
         return merge_main(args.merge, args.out)
     if args.n < 1:
         raise SystemExit("--n must be at least 1")
+    if args.start < 0:
+        raise SystemExit("--start must be at least 0")
     if args.regeneration_samples is not None and args.regeneration_samples < 1:
         raise SystemExit("--regeneration-samples must be at least 1")
     seed = HELDOUT_SEED if args.seed is None else args.seed
@@ -529,6 +539,7 @@ def main(args: argparse.Namespace) -> int:
         args.max_retries,
         args.regeneration_samples,
         seed,
+        start=args.start,
         judge_model=args.judge_model,
         probe_path=probe_path,
         hidden_layers=layers,
@@ -584,6 +595,7 @@ _OPTIONS = (
     "model",
     "n",
     "seed",
+    "start",
     "detectors",
     "judge_model",
     "probe",

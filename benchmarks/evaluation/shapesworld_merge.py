@@ -33,6 +33,8 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str
         raise MergeError("merging needs at least two results")
     first = results[0]
     for name, other in zip(sources[1:], results[1:], strict=True):
+        if other.get("first_item", 0) != first.get("first_item", 0):
+            raise MergeError(f"{name}: first_item differs from {sources[0]}'s")
         for key in SAME:
             if other.get(key) != first.get(key):
                 raise MergeError(f"{name}: {key} is {other.get(key)!r}, {sources[0]} has {first.get(key)!r}")
@@ -68,7 +70,7 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str
                 "faithproxy_commit": result.get("faithproxy_commit"),
             }
         )
-    merged: dict[str, Any] = {key: first.get(key) for key in SAME}
+    merged: dict[str, Any] = {key: first.get(key) for key in SAME} | {"first_item": first.get("first_item", 0)}
     merged |= {"model": first.get("model"), "models": models, **shared, "vanilla": first["vanilla"]}
     merged["detectors"] = detectors
     merged["goals"] = goals(merged)

@@ -23,12 +23,57 @@ CASCADE_CALLS_SAVED = 0.50
 CASCADE_F1_POINTS = 2.0
 CASCADE_RESIDUAL_POINTS = 2.0
 PROBE_F1 = 0.60
+# Issue 32's goals for a row with a flag threshold (`judge:learned@T`, T chosen on validation chains).
+THRESHOLD_PRECISION = 0.45
+THRESHOLD_RECALL = 0.60
+THRESHOLD_UPR_REDUCTION = 0.55
+THRESHOLD_FALSE_TRIES_SHARE = 1 / 3  # of the same detector's false-flag tries without a threshold
 
 
 def _row(result: dict[str, Any], detector: str, judge: str | None) -> dict[str, Any] | None:
+    """The row of that detector and judge without a flag threshold."""
     return next(
-        (d for d in result["detectors"].values() if d.get("detector") == detector and d.get("judge") == judge), None
+        (
+            d
+            for d in result["detectors"].values()
+            if d.get("detector") == detector and d.get("judge") == judge and d.get("flag_threshold") is None
+        ),
+        None,
     )
+
+
+def threshold_goals(result: dict[str, Any]) -> dict[str, Any]:
+    """Issue 32's goals for each row with a flag threshold, against vanilla and against the same detector
+    and judge without one (when the result has that row)."""
+    out: dict[str, Any] = {}
+    vanilla = result["vanilla"]
+    for name, d in result["detectors"].items():
+        if d.get("flag_threshold") is None:
+            continue
+        g = d["detector_vs_ground_truth"]
+        base = _row(result, d["detector"], d["judge"])
+        tries = d["false_flags"]["regeneration_tries"]
+        base_tries = base["false_flags"]["regeneration_tries"] if base is not None else None
+        entry: dict[str, Any] = {
+            "flag_threshold": d["flag_threshold"],
+            "precision": g["precision"],
+            "recall": g["recall"],
+            "upr_reduction": d["upr_reduction_vs_vanilla"],
+            "accuracy_vanilla": vanilla["accuracy"],
+            "accuracy_corrected": d["corrected"]["accuracy"],
+            "false_flag_tries": tries,
+            "false_flag_tries_without_threshold": base_tries,
+            "wall_vs_vanilla": round(d["wall_s"] / d.get("vanilla_wall_s", vanilla["wall_s"]), 2),
+            "judge_calls": d["judge_bill"]["calls"],
+        }
+        entry["met"] = {
+            "precision_at_recall": g["precision"] >= THRESHOLD_PRECISION and g["recall"] >= THRESHOLD_RECALL,
+            "upr_reduction": d["upr_reduction_vs_vanilla"] >= THRESHOLD_UPR_REDUCTION,
+            "accuracy": d["corrected"]["accuracy"] >= vanilla["accuracy"],
+            "false_flag_tries": None if base_tries is None else tries <= THRESHOLD_FALSE_TRIES_SHARE * base_tries,
+        }
+        out[name] = entry
+    return out
 
 
 def goals(result: dict[str, Any]) -> dict[str, Any]:
@@ -68,6 +113,9 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     if probe is not None:
         f1 = probe["detector_vs_ground_truth"]["f1"]
         out["probe"] = {"f1": f1, "target_f1": PROBE_F1, "met": f1 >= PROBE_F1}
+    thresholded = threshold_goals(result)
+    if thresholded:
+        out["flag_thresholds"] = thresholded
     return out
 
 
@@ -158,7 +206,28 @@ def _goal_lines(result: dict[str, Any]) -> list[str]:
             f"- probe: F1 {x['f1']:.3f} on held-out chains (goal ≥ {x['target_f1']:.2f}): "
             f"**{'met' if x['met'] else 'not met'}**"
         )
+    for name, x in (g.get("flag_thresholds") or {}).items():
+        lines.append(_threshold_line(name, x))
     return lines
+
+
+def _met(flag: bool | None) -> str:
+    return "no row to compare" if flag is None else "met" if flag else "not met"
+
+
+def _threshold_line(name: str, x: dict[str, Any]) -> str:
+    met = x["met"]
+    base = x["false_flag_tries_without_threshold"]
+    base_text = "–" if base is None else str(base)
+    return (
+        f"- {name}: P {x['precision']:.2f} at R {x['recall']:.2f} (goal P ≥ {THRESHOLD_PRECISION} at R ≥ "
+        f"{THRESHOLD_RECALL}: **{_met(met['precision_at_recall'])}**); residual UPR "
+        f"{_change(x['upr_reduction'], 'lower', 'higher')} than vanilla (goal ≥ {100 * THRESHOLD_UPR_REDUCTION:.0f}%: "
+        f"**{_met(met['upr_reduction'])}**); accuracy {x['accuracy_vanilla']:.3f} → {x['accuracy_corrected']:.3f} "
+        f"(**{_met(met['accuracy'])}**); false-flag tries {x['false_flag_tries']} against {base_text}"
+        f" without a threshold (goal ≤ one third: **{_met(met['false_flag_tries'])}**); "
+        f"{x['judge_calls']} judge calls; wall {x['wall_vs_vanilla']:.1f}× vanilla"
+    )
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -5,6 +5,10 @@ A row is a detector (`X-Faithproxy-Detector`) and, for a detector that calls a j
 learned ShapesWorld judge on a second vLLM, through the OpenAI-compatible backend), `prompt`, `probe`,
 `cascade` (probe, then the learned judge). A bare `judge` is the pixel judge (the name the bench always
 had); a bare `cascade` asks the learned judge, since a cascade in front of an oracle saves nothing.
+A row may end in `@T`, a flag threshold sent as `X-Faithproxy-Flag-Threshold` (e.g. `judge:learned@0.4`):
+the judge's flags whose confidence is under T are delivered `unsure` and not rewritten. Only a detector
+that calls a judge takes one. A threshold is chosen on validation-seed chains (`--seed`, `--start`), never
+on the held-out ones the row is reported on.
 
 Every figure here is by ground truth (`shapesworld.claims` on the scene's true objects), read from the
 proxy's traces (server/summary.py `trace_steps`): a step's `original_text` is its first draft, `detected`
@@ -46,33 +50,48 @@ class Row:
     detector: str
     judge: str | None  # PIXELS | LEARNED for a detector that calls a judge, else None
     reads_hidden_states: bool = False
+    flag_threshold: float | None = None  # `@T`: the judge's flags under T are delivered unsure
 
     def headers(self) -> dict[str, str]:
         headers = {"x-faithproxy-mode": "correct", "x-faithproxy-detector": self.detector}
         if self.judge is not None:
             headers["x-faithproxy-judge"] = self.judge
+        if self.flag_threshold is not None:
+            headers["x-faithproxy-flag-threshold"] = repr(self.flag_threshold)
         return headers
 
 
+def _threshold(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"row {name!r}: the flag threshold after @ must be a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"row {name!r}: the flag threshold must be from 0 to 1")
+    return value
+
+
 def parse_row(text: str) -> Row:
-    """`DETECTOR` or `DETECTOR:JUDGE`; ValueError for an unknown detector or judge, or a judge given to
-    a detector that calls none."""
+    """`DETECTOR`, `DETECTOR:JUDGE`, either with `@T`; ValueError for an unknown detector or judge, a
+    judge or a threshold given to a detector that calls none, or a threshold outside 0..1."""
     from faithproxy.detectors.registry import DETECTORS
 
     name = text.strip()
-    detector, _, judge = name.partition(":")
+    spec, at, threshold_text = name.partition("@")
+    threshold = _threshold(name, threshold_text) if at else None
+    detector, _, judge = spec.partition(":")
     try:
         cls = DETECTORS.resolve(detector)
     except KeyError as exc:
         raise ValueError(str(exc).strip("'\"")) from exc
     if not cls.uses_judge:
-        if judge:
+        if judge or at:
             raise ValueError(f"row {name!r}: the {detector} detector calls no judge")
         return Row(name, detector, None, cls.reads_hidden_states)
     judge = judge or _BARE_JUDGE.get(detector, LEARNED)
     if judge not in JUDGES:
         raise ValueError(f"row {name!r}: unknown judge {judge!r} (known: {', '.join(JUDGES)})")
-    return Row(name, detector, judge, cls.reads_hidden_states)
+    return Row(name, detector, judge, cls.reads_hidden_states, threshold)
 
 
 # ------------------------------------------------------------------ UPR, accuracy, P/R/F1
@@ -108,6 +127,7 @@ def draft_scores(items: Sequence[Item], traces: Sequence[dict[str, Any]]) -> dic
     """The detector on the generator's first drafts inside the proxy, against ground truth, and what
     regeneration made of the steps it flagged."""
     tp = fp = fn = tn = 0
+    unsure = unsure_false = 0  # flags under the row's threshold: delivered unsure, not acted on
     outcomes: Counter[str] = Counter()
     fixes_true = fixes = 0
     drafts = draft_errors = 0
@@ -120,6 +140,8 @@ def draft_scores(items: Sequence[Item], traces: Sequence[dict[str, Any]]) -> dic
                 drafts += 1
                 wrong = truth.faithful is False
                 draft_errors += wrong
+                unsure += step["detected"] == "unsure"
+                unsure_false += step["detected"] == "unsure" and wrong
                 tp += wrong and flagged
                 fp += flagged and not wrong
                 fn += wrong and not flagged
@@ -149,6 +171,7 @@ def draft_scores(items: Sequence[Item], traces: Sequence[dict[str, Any]]) -> dic
             "recall": recall,
             "f1": f1,
         },  # fmt: skip
+        "unsure_steps": {"steps": unsure, "false_by_ground_truth": unsure_false},
         "regeneration_outcomes": dict(sorted(outcomes.items())),
         "accepted_fixes_true_by_ground_truth": ratio(fixes_true, fixes),
     }
@@ -380,6 +403,7 @@ def score_rows(items: Sequence[Item], raw: dict[str, Any], detectors: Sequence[s
         entry: dict[str, Any] = {
             "detector": row.detector,
             "judge": row.judge,
+            "flag_threshold": row.flag_threshold,
             "corrected": corrected,
             **draft_scores(items, traces),
             "proxy_summary_upr_detected": ratio(

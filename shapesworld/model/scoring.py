@@ -32,9 +32,12 @@ _OPTION = re.compile(r"So the answer is (.+?) ([A-D])\.(?:\s|$)")
 _WELL_FORMED = re.compile(r"<think>\n[^\n]+\n</think>\n\nThe answer is [A-D]\.", re.DOTALL)
 
 
-def heldout_items(count: int, seed: int = HELDOUT_SEED, *, joined: bool = JOINED_EXISTENCE) -> list[Item]:
-    """Held-out scenes and questions; question types cycle, so `count` = 5k gives k of each."""
-    return list(generate_items(seed, count, joined=joined))
+def heldout_items(
+    count: int, seed: int = HELDOUT_SEED, *, joined: bool = JOINED_EXISTENCE, start: int = 0
+) -> list[Item]:
+    """Held-out scenes and questions (items `start` on); question types cycle, so `count` = 5k (and
+    `start` a multiple of 5) gives k of each."""
+    return list(generate_items(seed, count, joined=joined, start=start))
 
 
 @dataclass(frozen=True)

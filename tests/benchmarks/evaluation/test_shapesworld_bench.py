@@ -332,3 +332,55 @@ def test_merge_option_merges_committed_runs_and_refuses_without_out(tmp_path: Pa
     assert set(written["goals"]) == {"learned_judge", "cascade", "probe"} and "--merge" in written["command"]
     assert all(run["command"] in out.with_suffix(".md").read_text() for run in runs)
     assert out.with_suffix(".png").is_file()
+
+
+# ------------------------------------------------------------------------- rows with a flag threshold
+
+
+def test_a_row_may_name_a_flag_threshold_sent_as_the_header() -> None:
+    row = parse_row("judge:learned@0.4")
+    assert (row.detector, row.judge, row.flag_threshold) == ("judge", "learned", 0.4)
+    assert row.headers()["x-faithproxy-flag-threshold"] == "0.4"
+    assert parse_row("cascade@0.35").headers()["x-faithproxy-flag-threshold"] == "0.35"
+    assert "x-faithproxy-flag-threshold" not in parse_row("judge:learned").headers()
+    for bad, message in (("prompt@0.5", "calls no judge"), ("judge@high", "must be a number"), ("judge@1.5", "0 to 1")):
+        with pytest.raises(ValueError, match=message):
+            parse_row(bad)
+
+
+def test_unsure_steps_are_not_flags_and_are_counted_with_their_truth(items: list[Any]) -> None:
+    item = items[0]
+    truth, false = true_and_false(item)
+    trace = {"steps": [step(0, false, "unsure"), step(1, truth, "unsure"), step(2, false, "unfaithful", residual=True)]}
+    scores = draft_scores([item], [trace])
+    g = scores["detector_vs_ground_truth"]
+    assert (g["tp"], g["fp"], g["fn"]) == (1, 0, 1)  # the unsure false step is a miss, not a catch
+    assert scores["unsure_steps"] == {"steps": 2, "false_by_ground_truth": 1}
+
+
+def test_threshold_rows_get_issue_32s_goals_against_the_same_detector_without_one() -> None:
+    base = row_result("judge", "learned", 0.05, 0.8, 400) | {
+        "false_flags": {"regeneration_tries": 30, "answers_changed": 0, "right_to_wrong": 0, "wrong_to_right": 0}
+    }
+    at = row_result("judge", "learned", 0.06, 0.62, 300) | {"flag_threshold": 0.4}
+    at["detector_vs_ground_truth"] = {"precision": 0.5, "recall": 0.62, "f1": 0.55}
+    result = RESULT_FIXTURE | {"detectors": {"judge:learned": base, "judge:learned@0.4": at}}
+    g = goals(result)
+    assert g["learned_judge"]["upr_residual"] == 0.05  # issue 21's goal reads the row without a threshold
+    x = g["flag_thresholds"]["judge:learned@0.4"]
+    assert (x["false_flag_tries"], x["false_flag_tries_without_threshold"], x["wall_vs_vanilla"]) == (4, 30, 3.0)
+    assert x["met"] == {"precision_at_recall": True, "upr_reduction": True, "accuracy": True, "false_flag_tries": True}
+    worse = at | {"detector_vs_ground_truth": {"precision": 0.5, "recall": 0.55, "f1": 0.52}}
+    alone = goals(RESULT_FIXTURE | {"detectors": {"judge:learned@0.4": worse}})["flag_thresholds"]
+    assert alone["judge:learned@0.4"]["met"]["precision_at_recall"] is False
+    assert alone["judge:learned@0.4"]["met"]["false_flag_tries"] is None  # no row without a threshold to compare
+    from faithproxy.benchmarks.evaluation.shapesworld_report import _goal_lines  # the report's goal lines
+
+    line = next(x for x in _goal_lines(result) if x.startswith("- judge:learned@0.4"))
+    assert "P 0.50 at R 0.62" in line and "false-flag tries 4 against 30" in line and "3.0× vanilla" in line
+
+
+def test_items_can_start_past_the_chains_a_probe_was_trained_on() -> None:
+    later = heldout_items(5, 997, start=1600)
+    assert [i.id.split("-")[2] for i in later] == ["1600", "1601", "1602", "1603", "1604"]
+    assert later[0].id == heldout_items(1601, 997)[1600].id
