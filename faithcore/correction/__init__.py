@@ -25,6 +25,7 @@ from faithproxy.faithcore.correction.actions import (
     EmitVerdicts,
     Fail,
     Regenerate,
+    Resumed,
     StartRound,
     Tried,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "Phase",
     "Regenerate",
     "Regenerated",
+    "Resumed",
     "RoundEnd",
     "RoundFailed",
     "Rules",

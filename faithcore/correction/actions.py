@@ -2,7 +2,8 @@
 
 Emit* go to the client (the door renders them in its own wire format); StartRound / DropRound open and
 close an upstream stream; Check and Regenerate ask for a detector or regenerator call whose result comes
-back as an event; Tried reports a regeneration try's outcome (for the driver to count); Fail ends the
+back as an event; Tried reports a regeneration try's outcome and Resumed an upstream break the machine
+continued after (both for the driver to count); Fail ends the
 request with an error after whatever was emitted; WAIT means nothing can be done before the next event.
 """
 
@@ -90,6 +91,17 @@ class Tried:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """The upstream stream broke mid-round (`error`): `outcome` "resumed" when a new round continues the
+    chain from where it stood (the StartRound follows; `attempt` counts from 1), "exhausted" when no
+    attempt was left (the Fail follows). For the driver to count and record."""
+
+    attempt: int
+    outcome: str
+    error: BaseException
+
+
+@dataclass(frozen=True)
 class Fail:
     """The request fails with `error` (after whatever was emitted before)."""
 
@@ -103,4 +115,4 @@ class _Wait:
 
 WAIT = _Wait()  # nothing to do until the next event is received
 
-Action = Emit | StartRound | DropRound | Check | Regenerate | Tried | Fail | _Wait
+Action = Emit | StartRound | DropRound | Check | Regenerate | Tried | Resumed | Fail | _Wait

@@ -44,6 +44,7 @@ from faithproxy.faithcore.correction.actions import (
     EmitVerdicts,
     Fail,
     Regenerate,
+    Resumed,
     StartRound,
     Tried,
 )
@@ -60,11 +61,15 @@ from faithproxy.faithcore.correction.phase import Phase, Trigger, advance
 from faithproxy.faithcore.correction.result import ChainResult
 from faithproxy.faithcore.correction.rounds import RoundParser, TrailingRaw
 from faithproxy.faithcore.correction.rules import Rules
-from faithproxy.faithcore.errors import DetectorError
+from faithproxy.faithcore.errors import DetectorError, UpstreamError, UpstreamErrorCode, UpstreamStatusError
 from faithproxy.faithcore.types import Channel, Faithfulness, Step, StepKind, Verdict
 
 # What a round holds in line for its batches: steps, the raw text between them, extras, in order.
 Item = Step | TrailingRaw | Extras
+# How a stream breaks after its first byte: the replica died or a proxy cut it (reset, EOF without
+# [DONE]), or it fell silent past the idle limit. Not a bad request, not a malformed chunk: those would
+# fail the same way again.
+_BREAKS = frozenset({UpstreamErrorCode.STREAM_BROKEN, UpstreamErrorCode.STREAM_TRUNCATED, UpstreamErrorCode.STALLED})
 
 
 @dataclass
@@ -110,6 +115,10 @@ class CorrectionCore:
         self._usage = Usage()
         self._regenerations = 0  # regeneration tries over the whole request
         self._rounds = 0
+        self._resumes = 0  # rounds started after an upstream break
+        self._resuming = False  # the current round is one of them
+        # detect mode: the text each channel sent the client, where a resumed round continues from
+        self._sent: dict[Channel, list[str]] = {Channel.REASONING: [], Channel.CONTENT: []}
         self._upstream_id: str | None = None
         self._field_names: dict[Channel, str] = {}  # the delta field of each channel
         self._out: deque[Action] = deque()
@@ -176,6 +185,7 @@ class CorrectionCore:
             rounds=self._rounds,
             upstream_id=self._upstream_id,
             field_names=MappingProxyType(dict(self._field_names)),
+            resumes=self._resumes,
         )
 
     # ---- upstream data ----------------------------------------------------------------------
@@ -190,6 +200,7 @@ class CorrectionCore:
         self._deltas += 1
         self._field_names.setdefault(channel, field)
         if self._detect:
+            self._sent[channel].append(delta.text)
             self._out.append(EmitText(channel, field, delta.text))
         items = parser.feed(channel, delta.text)
         for item in items:
@@ -217,7 +228,7 @@ class CorrectionCore:
 
     def _on_round_failed(self, failure: RoundFailed) -> None:
         self._failure = failure
-        if self._detect:
+        if self._detect and not self._resume(failure):
             self._fail(failure.error)  # the text already went out: nothing left to deliver first
 
     def _tally_round(self) -> None:
@@ -245,7 +256,8 @@ class CorrectionCore:
         if self._pending or self._out or self.phase is not Phase.READING:
             return
         if self._failure is not None:
-            self._fail(self._failure.error)
+            if not self._resume(self._failure):
+                self._fail(self._failure.error)
         elif self._end is not None:
             self._finish(self._end.finish_reason)
 
@@ -488,11 +500,11 @@ class CorrectionCore:
         assert fix is not None
         self.phase = advance(self.phase, Trigger.SETTLED)
         self._accept(fix.step)
-        if fix.step.original_text is None and fix.read_ahead is not None and self._resume(fix.read_ahead):
+        if fix.step.original_text is None and fix.read_ahead is not None and self._resume_read_ahead(fix.read_ahead):
             return
         self._continue()
 
-    def _resume(self, read_ahead: _ReadAhead) -> bool:
+    def _resume_read_ahead(self, read_ahead: _ReadAhead) -> bool:
         """After a kept step: the read-ahead goes back in line and decoding resumes after it. False
         (nothing changed) when it cannot: a non-text delta in it, which a continuation cannot carry.
 
@@ -524,6 +536,71 @@ class CorrectionCore:
         self._start_round(StartRound(raw, remaining, continuation))
         return True
 
+    # ---- resuming after an upstream break ------------------------------------------------------
+
+    def _resume(self, failure: RoundFailed) -> bool:
+        """A round that broke after its first byte is continued, not failed: a new round (through the same
+        upstream, where a router picks a live replica) continues from what the client already has, with
+        the continuation a rewrite uses. correct mode gets here once every step the round read in whole
+        was checked and delivered (a step rewritten among them drops the broken round and continues
+        anyway); the sentence it was cutting is gone, and the new round writes it again. detect mode
+        already sent the round's text as it came: the new round continues from exactly that text, through
+        the same step parser, so the cut sentence is completed and checked as one step.
+
+        At most `resume_attempts` per request; False (the request fails as before) when the failure is
+        not a break, when none is left, and for a round that broke before it sent a token (nothing to
+        continue: the request's own error), unless that round was itself a resume."""
+        if not self._resumable(failure.error):
+            return False
+        if self._resumes >= self.rules.resume_attempts:
+            if self.rules.resume_attempts:
+                self._out.append(Resumed(self._resumes + 1, "exhausted", failure.error))
+            return False
+        self._resumes += 1
+        self._out.append(Resumed(self._resumes, "resumed", failure.error))
+        if self._detect:
+            self._resume_detect()
+        else:
+            self._drop_round()
+            self._continue()
+        self._resuming = self.phase is not Phase.OVER
+        return True
+
+    def _resumable(self, error: BaseException) -> bool:
+        """A break of a round that produced text; for a resume round also a refused connection or a 5xx
+        (a router that has not yet noticed the dead replica), which a later attempt may get past."""
+        if not isinstance(error, UpstreamError):
+            return False
+        if self._resuming:
+            if isinstance(error, UpstreamStatusError):
+                return error.status_code >= 500
+            return error.code in _BREAKS or error.code == UpstreamErrorCode.CONNECT
+        return error.code in _BREAKS and self._deltas > 0
+
+    def _resume_detect(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        self._drop_round()
+        sent = {channel: "".join(parts) for channel, parts in self._sent.items()}
+        if not any(sent.values()):  # nothing went out: the request starts over
+            self._start_round(StartRound())
+            return
+        remaining = self.budget.remaining()
+        if remaining is not None and remaining <= 0:  # the broken round spent the budget: it ends here
+            for item in parser.end():
+                self._on_item(item)
+            self._end = RoundEnd("length", None)
+            return
+        continuation = self.rules.reasoning_format.continuation(sent)
+        for channel, text in continuation.bridge.items():  # the closed think block goes out as text
+            sent[channel] += text
+            self._sent[channel].append(text)
+            self._out.append(EmitText(channel, self._field(channel), text))
+            for item in parser.feed(channel, text):
+                self._on_item(item)
+        parser.in_answer = continuation.in_answer
+        self._start_round(StartRound(sent, remaining, continuation), parser)
+
     # ---- rounds -----------------------------------------------------------------------------
 
     def _continue(self) -> None:
@@ -542,14 +619,16 @@ class CorrectionCore:
             self._out.append(EmitText(channel, self._field(channel), text))
         self._start_round(StartRound(dict(self._accepted_raw), remaining, continuation))
 
-    def _start_round(self, start: StartRound | None) -> None:
+    def _start_round(self, start: StartRound | None, parser: RoundParser | None = None) -> None:
+        """`parser`: the broken round's, kept by a detect-mode resume (its cut sentence goes on)."""
         self._rounds += 1
         in_answer = start is not None and start.continuation is not None and start.continuation.in_answer
         rules = self.rules
-        self._parser = RoundParser(
+        self._parser = parser or RoundParser(
             lambda: rules.segmenter(tags=rules.reasoning_format.tags), rules.typer, in_answer=in_answer
         )
         self._end, self._failure, self._deltas, self._tallied = None, None, 0, False
+        self._resuming = False
         self._out.append(start or StartRound())
 
     def _drop_round(self) -> None:

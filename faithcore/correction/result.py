@@ -13,7 +13,8 @@ from faithproxy.faithcore.types import Channel, Step
 class ChainResult:
     """`steps`: every step the client received, in order, with its settled outcome. `usage`: generator
     tokens over every round, check and rewrite of the request. `field_names`: the delta field each
-    channel came in (a door names the channel the way the upstream did)."""
+    channel came in (a door names the channel the way the upstream did). `resumes`: how often the chain
+went on after its upstream stream broke."""
 
     steps: tuple[Step, ...]
     usage: Mapping[str, int]
@@ -21,3 +22,4 @@ class ChainResult:
     rounds: int
     upstream_id: str | None
     field_names: Mapping[Channel, str] = field(default_factory=lambda: MappingProxyType({}))
+    resumes: int = 0  # rounds started after an upstream break (machine.py: resuming)

@@ -32,6 +32,8 @@ class Rules:
     # The strictly sequential loop the pipelining benchmark compares against: one step per batch, and
     # the model is stopped after every checked step and continued in a new round, as after a correction.
     sequential: bool = False
+    # How many times one request continues after its upstream stream broke mid-round (machine.py: resume).
+    resume_attempts: int = 0
     # How a round's text is cut into steps and typed: the real segmenter and typer; tests may state the
     # cuts and kinds of a recorded script instead.
     segmenter: Callable[..., SegmenterLike] = StepSegmenter

@@ -34,6 +34,7 @@ from faithproxy.faithcore.correction import (
     Fail,
     Regenerate,
     Regenerated,
+    Resumed,
     RoundEnd,
     RoundFailed,
     Rules,
@@ -176,6 +177,8 @@ def line(action: Any) -> str:
         return "verdicts " + " | ".join(s.text for s in action.steps)
     if isinstance(action, EmitEnd):
         return f"end {action.finish_reason}"
+    if isinstance(action, Resumed):
+        return f"resumed #{action.attempt} {action.outcome}"
     assert isinstance(action, Fail)
     return f"fail {type(action.error).__name__}"
 
