@@ -49,6 +49,7 @@ class Admitted:
     started: float  # time.perf_counter() when the request arrived: durations and TTFT count from here
     started_wall: float  # time.time() at the same moment: the trace's time, the response's `created`
     key_policy: str = "default"  # the name of the API key's policy (server/key_policy.py), never the key
+    endpoint: str = "/v1/chat/completions"  # the door's path: the `endpoint` label of its metrics
 
     @property
     def stream(self) -> bool:
@@ -66,10 +67,17 @@ def arrival() -> tuple[float, float]:
 
 
 async def admit(
-    raw: bytes, headers: Mapping[str, str], state: AppState, parse: BodyParser, *, started: tuple[float, float]
+    raw: bytes,
+    headers: Mapping[str, str],
+    state: AppState,
+    parse: BodyParser,
+    *,
+    started: tuple[float, float],
+    endpoint: str,
 ) -> Admitted:
     """The request as it will be served, or a FaithproxyError (PolicyError and its kinds, 4xx) raised
-    before anything is sent upstream. `started` is `arrival()` taken when the request came in."""
+    before anything is sent upstream. `started` is `arrival()` taken when the request came in;
+    `endpoint` the door's path."""
     body = parse(raw)
     changed = check_body(body, state.settings)  # True: the max_tokens cap was added
     policy = policy_from_headers(
@@ -86,13 +94,14 @@ async def admit(
     changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
     if changed:
         raw = json.dumps(body).encode()  # forward the body as settled
-    return Admitted(body, raw, policy, new_request_id(), *started, key_policy=key_policy)
+    return Admitted(body, raw, policy, new_request_id(), *started, key_policy=key_policy, endpoint=endpoint)
 
 
-def count_refused(metrics: Metrics, exc: FaithproxyError) -> None:
-    """Counts a request answered with `exc` before it reached a mode (no mode, no detector yet)."""
+def count_refused(metrics: Metrics, exc: FaithproxyError, endpoint: str) -> None:
+    """Counts a request to the door at `endpoint` answered with `exc` before it reached a mode (no mode,
+    no detector yet)."""
     label = "rejected" if isinstance(exc, PolicyError) else "unknown"
-    metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx").inc()
+    metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx", endpoint).inc()
 
 
 # ---- the doors' body parsers ------------------------------------------------------------------

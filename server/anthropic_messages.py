@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
 from faithproxy.faithcore.types import Channel
+from faithproxy.server.errors import anthropic_error
 from faithproxy.server.image_urls import settle_media_urls
 from faithproxy.server.limits import MESSAGES_PATH, check_body
 from faithproxy.server.responses import ChatServing
@@ -33,26 +34,7 @@ from faithproxy.server.sse import ChunkFactory
 
 _UNSUPPORTED = ("tools", "tool_choice", "mcp_servers", "container")
 _PASSED_ON = ("temperature", "top_p", "top_k", "seed")
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
-
-
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def anthropic_error_response(exc: FaithproxyError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(anthropic_error(exc.status_code, exc.message), status_code=exc.status_code, headers=headers)
 
 
 def _block(block: Any, where: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Protocol
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import AuthError
-from faithproxy.server.errors import send_error
+from faithproxy.server.errors import ANTHROPIC_PATH, send_error
 
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
 
@@ -95,3 +95,21 @@ def _bearer_token(scope: Scope) -> bytes | None:
                 return token.strip()
             return None
     return None
+
+
+class AnthropicKeyHeader:
+    """The anthropic SDK sends its key as `x-api-key`, not as a bearer token. On /v1/messages a request with
+    `x-api-key` and no `Authorization` gets `Authorization: Bearer <key>` added to its scope, so the key
+    check above, the key policy (server/key_policy.py) and the per-client limits all read one header.
+    Sits outside APIKeyMiddleware."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == ANTHROPIC_PATH:
+            headers = scope["headers"]
+            key = next((value for name, value in headers if name == b"x-api-key"), None)
+            if key is not None and not any(name == b"authorization" for name, _ in headers):
+                scope = {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key.strip())]}
+        await self.app(scope, receive, send)

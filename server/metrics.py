@@ -55,6 +55,9 @@ DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
 CASCADE_STAGES = decision_stages()
 HINT_OUTCOMES = ("applied", "unusable", "error")
 POLICY_OUTCOMES = ("admitted", "refused")
+# resumed: a broken upstream stream was continued by a new round; exhausted: no attempt was left, the
+# request failed (server/session.py; the rule is faithcore/correction/machine.py's)
+RESUME_OUTCOMES = ("resumed", "exhausted")
 POLICY_RELOAD_RESULTS = ("ok", "failed")
 # The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
 JUDGE_TOKEN_KINDS = {
@@ -96,7 +99,7 @@ class Metrics:
         self.registry = registry
         self.requests = Counter(
             "faithproxy_requests_total",
-            "Chat completion requests by mode, detector and HTTP status class.",
+            "Requests by mode, detector, HTTP status class and endpoint (the door: its path).",
             ["mode", "detector", "status"],
             registry=registry,
         )
@@ -169,6 +172,15 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.upstream_resumes = Counter(
+            "faithproxy_upstream_resumes_total",
+            "Upstream streams that broke mid-round in correct/detect mode, by outcome: resumed (a new "
+            "round continued the chain) or exhausted (no resume attempt left: the request failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in RESUME_OUTCOMES:
+            self.upstream_resumes.labels(outcome)
         self.request_duration = Histogram(
             "faithproxy_request_duration_seconds",
             "Request duration as seen by the proxy.",

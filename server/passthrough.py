@@ -140,7 +140,7 @@ class Passthrough(Response):
             async for data in upstream.iter_raw():
                 if self.ttft is None:
                     self.ttft = time.perf_counter() - self.admitted.started
-                    self.state.metrics.ttft.labels("off").observe(self.ttft)
+                    self.state.metrics.ttft.labels("off", self.admitted.endpoint).observe(self.ttft)
                 tail = data if len(data) >= 32 else (tail + data)[-32:]  # the stream's last bytes, uncopied
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
@@ -211,9 +211,9 @@ class OffModeMiddleware:
             raw = await _read_body(receive)
             if raw is None:
                 return  # the client left before sending its body
-            admitted = await admit(raw, Headers(scope=scope), state, parse, started=started)
+            admitted = await admit(raw, Headers(scope=scope), state, parse, started=started, endpoint=scope["path"])
         except FaithproxyError as exc:
-            count_refused(state.metrics, exc)
+            count_refused(state.metrics, exc, scope["path"])
             await _send_error(send, exc, [(b"content-type", b"application/json")])
             return
         await Passthrough(state, admitted, path=scope["path"])(scope, receive, send)

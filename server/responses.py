@@ -159,7 +159,7 @@ class ChatServing:
                 for data in self._frames_for(item, chunks):
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - self.started
-                        self.state.metrics.ttft.labels(self.policy.mode).observe(self.ttft)
+                        self.state.metrics.ttft.labels(self.policy.mode, self.admitted.endpoint).observe(self.ttft)
                     yield data
                 item = await anext(events, None)
             stream_options = self.body.get("stream_options") or {}

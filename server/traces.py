@@ -134,8 +134,8 @@ def finish_request(trace: RequestTrace, metrics: Metrics, tracer: TraceWriter) -
         if isinstance(trace.error, UpstreamError):
             metrics.upstream_errors.labels(upstream_error_label(trace.error)).inc()
     status_class = "disconnected" if trace.disconnected else f"{status // 100}xx"
-    metrics.requests.labels(mode, admitted.policy.detector, status_class).inc()
-    metrics.request_duration.labels(mode, "true" if admitted.stream else "false").observe(duration)
+    metrics.requests.labels(mode, admitted.policy.detector, status_class, admitted.endpoint).inc()
+    metrics.request_duration.labels(mode, "true" if admitted.stream else "false", admitted.endpoint).observe(duration)
     record_request(trace)  # on the request's OpenTelemetry span, when one is recording (server/otel.py)
     if tracer.path is None:  # no record built for a server that writes no traces
         return

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission import admit, arrival, count_refused, parse_chat_body
 from faithproxy.server.errors import error_response
+from faithproxy.server.limits import CHAT_PATH
 from faithproxy.server.schema import CHAT_OPENAPI_EXTRA, CHAT_RESPONSES
 from faithproxy.server.state import StateDep
 
@@ -24,10 +25,10 @@ async def chat_completions(request: Request, state: StateDep) -> Response:
     started = arrival()
     try:
         raw = await request.body()  # PayloadTooLarge from the size limit while reading
-        admitted = await admit(raw, request.headers, state, parse_chat_body, started=started)
+        admitted = await admit(raw, request.headers, state, parse_chat_body, started=started, endpoint=CHAT_PATH)
         from faithproxy.server.responses import ChatServing  # loaded on first use: off mode never needs it
 
         return await ChatServing(state, admitted).respond()
     except FaithproxyError as exc:  # refused before a mode took the request (ChatServing counts the rest)
-        count_refused(state.metrics, exc)
+        count_refused(state.metrics, exc, CHAT_PATH)
         return error_response(exc)

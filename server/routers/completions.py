@@ -13,6 +13,7 @@ from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission import admit, arrival, count_refused
 from faithproxy.server.door_bodies import parse_completions_body
 from faithproxy.server.errors import error_response
+from faithproxy.server.limits import COMPLETIONS_PATH
 from faithproxy.server.schema import COMPLETIONS_OPENAPI_EXTRA, COMPLETIONS_RESPONSES
 from faithproxy.server.state import StateDep
 
@@ -26,10 +27,12 @@ async def completions(request: Request, state: StateDep) -> Response:
     started = arrival()
     try:
         raw = await request.body()  # PayloadTooLarge from the size limit while reading
-        admitted = await admit(raw, request.headers, state, parse_completions_body, started=started)
+        admitted = await admit(
+            raw, request.headers, state, parse_completions_body, started=started, endpoint=COMPLETIONS_PATH
+        )
         from faithproxy.server.completions import CompletionServing  # loaded on first use, as chat's
 
         return await CompletionServing(state, admitted).respond()
     except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
-        count_refused(state.metrics, exc)
+        count_refused(state.metrics, exc, COMPLETIONS_PATH)
         return error_response(exc)

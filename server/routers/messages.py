@@ -11,6 +11,8 @@ from fastapi.responses import Response
 from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission import admit, arrival, count_refused
 from faithproxy.server.door_bodies import parse_messages_body
+from faithproxy.server.errors import error_response
+from faithproxy.server.limits import MESSAGES_PATH
 from faithproxy.server.schema import MESSAGES_OPENAPI_EXTRA, MESSAGES_RESPONSES
 from faithproxy.server.state import StateDep
 
@@ -19,13 +21,15 @@ router = APIRouter()
 
 @router.post("/v1/messages", response_model=None, openapi_extra=MESSAGES_OPENAPI_EXTRA, responses=MESSAGES_RESPONSES)
 async def messages(request: Request, state: StateDep) -> Response:
-    from faithproxy.server.anthropic_messages import MessagesServing, anthropic_error_response
+    from faithproxy.server.anthropic_messages import MessagesServing
 
     started = arrival()
     try:
         raw = await request.body()  # PayloadTooLarge from the size limit while reading
-        admitted = await admit(raw, request.headers, state, parse_messages_body, started=started)
+        admitted = await admit(
+            raw, request.headers, state, parse_messages_body, started=started, endpoint=MESSAGES_PATH
+        )
         return await MessagesServing(state, admitted).respond()
     except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
-        count_refused(state.metrics, exc)
-        return anthropic_error_response(exc)
+        count_refused(state.metrics, exc, MESSAGES_PATH)
+        return error_response(exc, path=MESSAGES_PATH)  # in Anthropic's format

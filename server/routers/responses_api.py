@@ -12,6 +12,7 @@ from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission import admit, arrival, count_refused
 from faithproxy.server.door_bodies import parse_responses_body
 from faithproxy.server.errors import error_response
+from faithproxy.server.limits import RESPONSES_PATH
 from faithproxy.server.schema import RESPONSES_OPENAPI_EXTRA, RESPONSES_RESPONSES
 from faithproxy.server.state import StateDep
 
@@ -23,10 +24,12 @@ async def responses(request: Request, state: StateDep) -> Response:
     started = arrival()
     try:
         raw = await request.body()  # PayloadTooLarge from the size limit while reading
-        admitted = await admit(raw, request.headers, state, parse_responses_body, started=started)
+        admitted = await admit(
+            raw, request.headers, state, parse_responses_body, started=started, endpoint=RESPONSES_PATH
+        )
         from faithproxy.server.openai_responses import ResponsesServing  # loaded on first use, as chat's
 
         return await ResponsesServing(state, admitted).respond()
     except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
-        count_refused(state.metrics, exc)
+        count_refused(state.metrics, exc, RESPONSES_PATH)
         return error_response(exc)

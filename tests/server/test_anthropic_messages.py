@@ -173,15 +173,42 @@ async def test_refusals_in_anthropic_format(
     assert metric(exposition, "faithproxy_requests_total", mode="rejected", status="4xx") == len(modes)
 
 
-async def test_middleware_refusals_on_every_door_are_counted() -> None:
-    """A body over the size limit, refused before any door reads it, counts as rejected on each door."""
+async def test_middleware_refusals_on_every_door_are_counted_in_the_doors_format() -> None:
+    """A body over the size limit, refused before any door reads it, counts as rejected on each door, under
+    the door's endpoint label, and is answered in the door's error format (Anthropic's on /v1/messages)."""
     settings = Settings(upstream_url="http://vllm.test", max_body_bytes=64)
+    doors = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
     async with running_app(create_app(settings, upstream_transport=FakeUpstream().transport())) as url:
         async with httpx.AsyncClient(timeout=10) as http:
-            for path in ("/v1/completions", "/v1/responses", "/v1/messages"):
+            for path in doors:
                 answer = await http.post(
                     f"{url}{path}", content=b"x" * 100, headers={"content-type": "application/json"}
                 )
                 assert answer.status_code == 413, path
+                if path == "/v1/messages":
+                    assert answer.json() == {"type": "error", "error": {"type": "request_too_large",
+                                             "message": answer.json()["error"]["message"]}}  # fmt: skip
+                else:
+                    assert answer.json()["error"]["code"] == "body_too_large", path
             exposition = (await http.get(f"{url}/metrics")).text
-    assert metric(exposition, "faithproxy_requests_total", mode="rejected", status="4xx") == 3
+    for path in doors:
+        assert metric(exposition, "faithproxy_requests_total", mode="rejected", status="4xx", endpoint=path) == 1
+
+
+async def test_the_anthropic_sdks_api_key_header_is_the_clients_key() -> None:
+    """The anthropic SDK sends `x-api-key`: accepted as the client's key on /v1/messages; a wrong key is a
+    401 the SDK raises as AuthenticationError (Anthropic's format)."""
+    settings = Settings(upstream_url="http://vllm.test", default_detector="none", api_keys=["sk-good"])
+    upstream = FakeUpstream(Sentences())
+    async with running_app(create_app(settings, upstream_transport=upstream.transport())) as url:
+        ask: dict[str, Any] = {"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
+        async with anthropic.AsyncAnthropic(base_url=url, api_key="sk-good", max_retries=0) as good:
+            message = await good.messages.create(**ask)
+        assert "".join(block.text for block in message.content if block.type == "text") == EXPECTED
+        async with anthropic.AsyncAnthropic(base_url=url, api_key="sk-bad", max_retries=0) as bad:
+            with pytest.raises(anthropic.AuthenticationError):
+                await bad.messages.create(**ask)
+        async with httpx.AsyncClient(timeout=10) as http:  # x-api-key is no key on the other doors
+            other = await http.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": ask["messages"]},
+                                    headers={"x-api-key": "sk-good"})  # fmt: skip
+        assert other.status_code == 401 and other.json()["error"]["code"] == "invalid_api_key"

@@ -21,8 +21,9 @@ from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.auth import APIKeyMiddleware
+from faithproxy.server.limits import CHAT_PATH as CHAT
 from faithproxy.server.settings import Settings
-from faithproxy.testing import FakeUpstream, frames, running_app
+from faithproxy.testing import FakeUpstream, frames, metric, running_app
 
 CLIENT_KEY = "fp-client-key-0123456789abcdef"
 OTHER_CLIENT_KEY = "fp-second-client-key-zyxwvu"
@@ -92,7 +93,7 @@ async def test_probes_and_metrics_are_open_everything_else_is_not(tmp_path: Path
             assert (await http.get(f"{url}{path}")).status_code == 401, path
         assert (await http.get(f"{url}/v1/models", headers=bearer(CLIENT_KEY))).status_code == 200
         metrics = (await http.get(f"{url}/metrics")).text
-    assert 'faithproxy_requests_total{detector="-",mode="rejected",status="4xx"}' not in metrics  # GETs only
+    assert metric(metrics, "faithproxy_requests_total", mode="rejected") == 0  # GETs only
 
 
 async def test_metrics_can_require_the_key(tmp_path: Path) -> None:
@@ -102,7 +103,7 @@ async def test_metrics_can_require_the_key(tmp_path: Path) -> None:
         assert (await http.post(f"{url}/v1/chat/completions", json=BODY, headers=NO_DETECTOR)).status_code == 401
         metrics = await http.get(f"{url}/metrics", headers=bearer(CLIENT_KEY))
     assert metrics.status_code == 200
-    assert 'faithproxy_requests_total{detector="-",mode="rejected",status="4xx"} 1.0' in metrics.text
+    assert metric(metrics.text, "faithproxy_requests_total", mode="rejected", status="4xx", endpoint=CHAT) == 1
 
 
 async def test_no_keys_configured_means_no_auth(tmp_path: Path) -> None:

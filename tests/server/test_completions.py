@@ -180,10 +180,15 @@ async def test_every_door_reports_by_request_id_and_is_counted(proxy: Any) -> No
     url, _ = proxy
     async with httpx.AsyncClient(timeout=10) as http:
         for path, payload in DOOR_BODIES.items():
-            answer = await http.post(f"{url}{path}", json=payload, headers={"x-faithproxy-mode": "correct"})
+            answer = await http.post(f"{url}{path}", json={**payload, "stream": path == "/v1/responses"},
+                                     headers={"x-faithproxy-mode": "correct"})  # fmt: skip
             assert answer.status_code == 200, (path, answer.text)
             request_id = answer.headers["x-faithproxy-request-id"]
             report = await http.get(f"{url}/v1/faithfulness/{request_id}")
             assert report.status_code == 200 and report.json()["id"] == request_id, path
         exposition = (await http.get(f"{url}/metrics")).text
     assert metric(exposition, "faithproxy_requests_total", mode="correct", status="2xx") == 3
+    for path in DOOR_BODIES:  # each under its door's endpoint label
+        assert metric(exposition, "faithproxy_requests_total", mode="correct", endpoint=path) == 1, path
+        assert metric(exposition, "faithproxy_request_duration_seconds_count", mode="correct", endpoint=path) == 1
+    assert metric(exposition, "faithproxy_time_to_first_token_seconds_count", endpoint="/v1/responses") == 1

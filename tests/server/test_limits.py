@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 
 from faithproxy.faithcore.errors import PayloadTooLarge, PolicyError
 from faithproxy.server.app import create_app
+from faithproxy.server.limits import CHAT_PATH as CHAT
 from faithproxy.server.limits import check_body
 from faithproxy.server.media_parts import data_url_size
 from faithproxy.server.settings import Settings
-from faithproxy.testing import FakeUpstream, delta, frames, running_app, sse
+from faithproxy.testing import FakeUpstream, delta, frames, metric, running_app, sse
 
 HEADERS = {"x-faithproxy-detector": "none"}
 PNG = base64.b64encode(b"\x89PNG" + bytes(2000)).decode()
@@ -84,7 +85,7 @@ async def test_streamed_body_over_the_limit_is_413_while_reading() -> None:
             metrics = (await http.get(f"{url}/metrics")).text
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
     assert chat_calls(vllm) == []
-    assert 'faithproxy_requests_total{detector="-",mode="rejected",status="4xx"} 1.0' in metrics
+    assert metric(metrics, "faithproxy_requests_total", mode="rejected", status="4xx", endpoint=CHAT) == 1
 
 
 async def test_headers_over_the_limit_are_431() -> None:
@@ -254,6 +255,6 @@ async def test_beyond_the_concurrency_limit_is_429_with_retry_after() -> None:
     error = refused.json()["error"]
     assert error["type"] == "rate_limit_error" and error["code"] == "too_many_concurrent_requests"
     assert health.status_code == 200  # probes are never limited
-    assert 'faithproxy_requests_total{detector="-",mode="rejected",status="4xx"} 1.0' in metrics
+    assert metric(metrics, "faithproxy_requests_total", mode="rejected", status="4xx", endpoint=CHAT) == 1
     assert all(frames(r.text)[-1] == "[DONE]" for r in done)  # the held streams finished normally
     assert after.status_code == 200  # slots come back when streams end
