@@ -56,8 +56,9 @@ def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Name
     for name, value in overrides.items():
         os.environ[f"FAITHPROXY_{name.upper()}"] = str(value)
     # Without a configured report file each worker would keep its own reports, and a lookup that
-    # reaches another worker would find none.
-    with metrics_folder(), reports_file(settings.reports_path, keep=settings.reports_max_count > 0):
+    # reaches another worker would find none. Reports in Redis need no file: every worker reads it.
+    shared_file = settings.reports_max_count > 0 and settings.reports_url is None
+    with metrics_folder(), reports_file(settings.reports_path, keep=shared_file):
         run_workers(  # uvicorn's supervisor, each worker without the housekeeping tick
             "faithproxy.server.app:create_app",
             workers=args.workers,

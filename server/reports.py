@@ -13,6 +13,8 @@ than the limit is gone whether or not the count is reached). Reports are kept as
 One process keeps them in its memory (`ReportStore`). Several processes serving one port (workers)
 must share them, or a lookup would reach a worker that never saw the request: `SharedReportStore`
 keeps them in a SQLite file they all open (`FAITHPROXY_REPORTS_PATH`), with the same bounds.
+Several replicas of the proxy, on several machines, share them through Redis (`FAITHPROXY_REPORTS_URL`,
+server/reports_redis.py), again with the same bounds; its lookup may fail (ReportsUnavailable, a 503).
 """
 
 from __future__ import annotations
@@ -26,22 +28,48 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from faithproxy.faithcore.errors import FaithproxyError
+
 OBJECT = "faithfulness.report"
 
 
+class ReportsUnavailable(FaithproxyError):
+    """The store cannot be asked (Redis down): the report may exist, so this is no 404."""
+
+    status_code = 503
+    error_type = "server_error"
+
+
 class Reports(Protocol):
-    """What the server needs of a store."""
+    """What the server needs of a store. `put` never waits on the network (a request is finishing);
+    `fetch` may, and raises ReportsUnavailable when the store cannot answer."""
 
     def put(self, request_id: str, report: dict[str, Any]) -> None: ...
 
-    def get(self, request_id: str) -> bytes | None: ...
+    async def fetch(self, request_id: str) -> bytes | None: ...
+
+    async def aclose(self) -> None:
+        """At the end of the app's lifespan: release what the event loop holds (the store stays usable)."""
 
 
-def _encode(report: dict[str, Any]) -> bytes:
+class LocalStore:
+    """A store on this machine answers at once: its lookup is its `get`."""
+
+    def get(self, request_id: str) -> bytes | None:
+        raise NotImplementedError
+
+    async def fetch(self, request_id: str) -> bytes | None:
+        return self.get(request_id)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def encode(report: dict[str, Any]) -> bytes:
     return json.dumps(report, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class ReportStore:
+class ReportStore(LocalStore):
     """Encoded reports by request id: at most `max_count`, none older than `max_age_s`. `max_count`
     0 keeps nothing. Safe to share between threads (the event loop's and a worker's)."""
 
@@ -60,7 +88,7 @@ class ReportStore:
     def put(self, request_id: str, report: dict[str, Any]) -> None:
         if self.max_count <= 0:
             return
-        encoded = _encode(report)
+        encoded = encode(report)
         with self._lock:
             now = self._clock()
             self._reports.pop(request_id, None)
@@ -85,7 +113,7 @@ class ReportStore:
             self._reports.popitem(last=False)
 
 
-class SharedReportStore:
+class SharedReportStore(LocalStore):
     """The same bounds in a SQLite file that several processes open. Each put also deletes what has
     fallen out of the bounds, so the file stays as small as the memory store would be. Ages are wall
     clock seconds (the processes share no monotonic clock)."""
@@ -116,7 +144,7 @@ class SharedReportStore:
     def put(self, request_id: str, report: dict[str, Any]) -> None:
         if self.max_count <= 0:
             return
-        encoded = _encode(report)
+        encoded = encode(report)
         with self._lock:
             now = self._clock()
             self._db.execute("BEGIN IMMEDIATE")

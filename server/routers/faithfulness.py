@@ -3,7 +3,7 @@
 Behind the same API keys as the chat endpoint (the auth middleware guards every path but the
 probes). The id is the response's `X-Faithproxy-Request-Id` header; reports are kept for a bounded
 time and number (server/reports.py), after which, like for an id never seen, the answer is a 404 in
-OpenAI's error format.
+OpenAI's error format. A shared store that cannot be reached (Redis down) is a 503: the report may exist.
 """
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ REPORT_EXAMPLE = {
     responses={
         200: {"description": "The report", "content": {"application/json": {"example": REPORT_EXAMPLE}}},
         404: {"model": ErrorResponse, "description": "Unknown id, expired report, or a request in mode off"},
+        503: {"model": ErrorResponse, "description": "The shared report store (Redis) cannot be reached"},
     },
 )
 async def faithfulness_report(request_id: str, state: StateDep) -> Response:
-    encoded = state.reports.get(request_id) if state.reports is not None else None
+    encoded = await state.reports.fetch(request_id) if state.reports is not None else None
     if encoded is None:
         return error_response(
             ReportNotFound(

@@ -1,24 +1,30 @@
 """Per-step reports by request id (server/reports.py, GET /v1/faithfulness/{request_id}): the store's
-bounds, and the lookup through the running proxy (vLLM a MockTransport, the local judge server)."""
+bounds, and the lookup through the running proxy (vLLM a MockTransport, the local judge server). The
+Redis store (server/reports_redis.py) against a real redis-server started here, stopped and restarted."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.reports import ReportStore, SharedReportStore
+from faithproxy.server.reports import ReportStore, ReportsUnavailable, SharedReportStore
+from faithproxy.server.reports_redis import INDEX, RedisReportStore
 from faithproxy.server.settings import Settings
 from faithproxy.testing import SENTENCES, FakeUpstream, frames, running_app
+from tests.redis_server import RedisServer
 
 KEY = "fp-client-key-for-reports"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
@@ -180,3 +186,185 @@ async def test_the_lookup_needs_the_same_key_as_the_api(tmp_path: Path) -> None:
     assert refused.status_code == 401 and wrong.status_code == 401
     assert refused.json()["error"]["code"] == "invalid_api_key"
     assert found.status_code == 200 and found.json()["id"] == response.headers["x-faithproxy-request-id"]
+
+
+# ---- shared through Redis -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """An empty, running Redis for each test (a test that stops it has it started again)."""
+    if redis_server.child is None:
+        redis_server.start()
+    redis_server.client().flushall()
+    yield redis_server.url
+    if redis_server.child is None:
+        redis_server.start()
+
+
+class Errors(list[str]):
+    """The operations a store reported failed (what the app counts in its metrics)."""
+
+    def __call__(self, operation: str) -> None:
+        self.append(operation)
+
+
+def redis_keys(url: str) -> list[bytes]:
+    return list(redis.Redis.from_url(url).keys("*"))
+
+
+async def settle(store: RedisReportStore) -> None:
+    """Waits for the store's writes in flight (put returns before its write lands)."""
+    if store._pending:
+        await asyncio.wait(list(store._pending.values()))
+
+
+async def test_the_redis_store_keeps_the_newest_reports_up_to_its_count(redis_url: str) -> None:
+    store = RedisReportStore(redis_url, max_count=2, max_age_s=60)
+    try:
+        for n in range(3):
+            store.put(f"r{n}", {"n": n})
+            await settle(store)
+        assert await store.fetch("r0") is None
+        assert json.loads(await store.fetch("r1") or b"") == {"n": 1}
+        store.put("r1", {"n": 11})  # stored again: now the newest
+        await settle(store)
+        store.put("r3", {"n": 3})
+        await settle(store)
+        assert await store.fetch("r2") is None and await store.fetch("r1") == b'{"n":11}'
+        assert await store.fetch("r3") == b'{"n":3}'
+    finally:
+        await store.aclose()
+    keys = {key.decode() for key in redis_keys(redis_url)}
+    assert keys == {INDEX, "faithproxy:reports:r1", "faithproxy:reports:r3"}  # trimmed ones deleted
+
+
+async def test_the_redis_store_forgets_reports_older_than_its_age(redis_url: str) -> None:
+    store = RedisReportStore(redis_url, max_count=100, max_age_s=0.4)
+    try:
+        store.put("old", {})
+        await settle(store)
+        await asyncio.sleep(0.25)
+        store.put("young", {})
+        await settle(store)
+        assert await store.fetch("old") == b"{}"
+        await asyncio.sleep(0.25)  # old is 0.5 s old, young 0.25 s
+        assert await store.fetch("old") is None and await store.fetch("young") == b"{}"
+        store.put("newest", {})  # a write also drops expired ids from the index
+        await settle(store)
+        index = redis.Redis.from_url(redis_url).zrange(INDEX, 0, -1)
+        assert index == [b"young", b"newest"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_redis_store_of_count_zero_writes_nothing(redis_url: str) -> None:
+    store = RedisReportStore(redis_url, max_count=0, max_age_s=60)
+    store.put("r", {"n": 1})
+    assert not store._pending and await store.fetch("r") is None
+    await store.aclose()
+    assert redis_keys(redis_url) == []
+
+
+async def test_replicas_share_reports_through_redis(redis_url: str) -> None:
+    first = RedisReportStore(redis_url, max_count=10, max_age_s=60)  # one replica's
+    second = RedisReportStore(redis_url, max_count=10, max_age_s=60)  # another's
+    try:
+        first.put("a", {"n": 1, "text": "é"})
+        await settle(first)
+        assert json.loads(await second.fetch("a") or b"") == {"n": 1, "text": "é"}
+        # The replica that wrote it reads it back at once: the lookup waits for its own write.
+        second.put("b", {"n": 2})
+        assert await second.fetch("b") == b'{"n":2}'
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_redis_down_fails_no_write_and_answers_lookups_unavailable_until_it_is_back(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    errors = Errors()
+    store = RedisReportStore(redis_url, max_count=10, max_age_s=60, timeout_s=0.5, on_error=errors)
+    try:
+        store.put("before", {"n": 0})
+        await settle(store)
+        assert await store.fetch("before") == b'{"n":0}' and errors == []  # connected, pooled
+        redis_server.stop()
+        store.put("during", {"n": 1})  # returns at once; the write fails in its task
+        await settle(store)
+        assert errors == ["write"]
+        with pytest.raises(ReportsUnavailable) as raised:
+            await store.fetch("before")
+        assert raised.value.status_code == 503 and raised.value.code == "reports_unavailable"
+        assert errors == ["write", "read"]
+        redis_server.start()  # empty again (nothing persisted); the same store reconnects by itself
+        store.put("after", {"n": 2})
+        await settle(store)
+        assert await store.fetch("after") == b'{"n":2}' and await store.fetch("during") is None
+        assert errors == ["write", "read"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_hung_redis_holds_up_neither_a_write_nor_a_lookup_beyond_the_timeout(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    errors = Errors()
+    store = RedisReportStore(redis_url, max_count=10, max_age_s=60, timeout_s=0.3, max_pending=2, on_error=errors)
+    admin = redis_server.client()
+    try:
+        store.put("warm", {})
+        await settle(store)
+        # Redis takes commands and answers none for 2 s: longer than the timeout, shorter than a test.
+        admin.execute_command("CLIENT", "PAUSE", "2000", "ALL")
+        for n in range(3):
+            store.put(f"r{n}", {"n": n})  # the third finds two writes waiting: dropped, counted
+        assert errors == ["write"] and [not task.done() for task in store._pending.values()] == [True, True]
+        started = time.monotonic()
+        with pytest.raises(ReportsUnavailable):
+            await store.fetch("warm")
+        await settle(store)
+        # Timed out, not merely slow: writes that waited out the pause would have succeeded.
+        assert errors.count("write") == 3 and errors.count("read") == 1
+        assert time.monotonic() - started < 2, "the lookup and the writes waited for Redis to answer"
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        await store.aclose()
+
+
+@pytest.mark.parametrize("mode", ["correct", "detect"])
+async def test_through_the_proxy_reports_go_to_redis_and_a_lookup_without_it_is_a_503(
+    tmp_path: Path, redis_server: RedisServer, redis_url: str, mode: str
+) -> None:
+    headers = {"x-faithproxy-mode": mode}
+    async with proxy(tmp_path, reports_url=redis_url) as http:
+        stored = await http.post("/v1/chat/completions", json=BODY, headers=headers)
+        found = await lookup(http, stored)
+        assert found.status_code == 200, found.text
+        assert without_text(found.json()["faithfulness"]) == stored.json()["faithfulness"]
+        assert redis_keys(redis_url)  # in Redis, not in the proxy's memory
+        redis_server.stop()
+        served = await http.post("/v1/chat/completions", json={**BODY, "stream": True}, headers=headers)
+        assert served.status_code == 200 and frames(served.text)[-1] == "[DONE]"
+        assert '"error"' not in served.text
+        unavailable = await lookup(http, stored)
+        assert unavailable.status_code == 503
+        error = unavailable.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "reports_unavailable"
+        metrics = (await http.get("/metrics")).text
+        redis_server.start()
+        again = await http.post("/v1/chat/completions", json=BODY, headers=headers)
+        assert (await lookup(http, again)).status_code == 200
+    assert 'faithproxy_report_store_errors_total{operation="write"} 1.0' in metrics
+    assert 'faithproxy_report_store_errors_total{operation="read"} 1.0' in metrics
