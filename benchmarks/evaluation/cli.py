@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "re-run a detector over recorded chains, offline, and score it",
     ),
     "calibrate": ("faithproxy.benchmarks.evaluation.calibrate:Calibrate", "a judge's flag threshold from a curve"),
+    "insist": (
+        "faithproxy.benchmarks.evaluation.insist_bench",
+        "how often early stop when the model insists is right (ShapesWorld ground truth)",
+    ),
     "judge-upr": (
         "faithproxy.benchmarks.evaluation.cli:JudgeUpr",
         "label whole chains with the evaluation judge (Algorithm 1)",

@@ -1,0 +1,226 @@
+"""How often early stop when the model insists is right, on ShapesWorld ground truth.
+
+    faithproxy bench insist --traces var/bench/traces-judge-learned.jsonl --seed 997 --start 1600 --n 150 \
+        --out benchmarks/results/insist-validation.json
+
+The proxy's `REGENERATION_INSIST_SHARE` (ReflectRegenerator's `insist_share`) keeps a flagged step without
+spending its other tries when at least that share of a sampled try's rewrites restate the flagged
+sentence. Keeping it is right when the flag was false: the sentence is true by ground truth
+(`shapesworld.claims` on the scene's true objects); it is wrong when the sentence is false, because the
+other tries might have fixed it.
+
+This takes the flags a detector raised in a `faithproxy bench shapesworld` run (its traces: every first
+draft whose detector verdict was UNFAITHFUL; `--seed`, `--start` and `--n` must be the run's, so each
+trace finds its scene by image hash), asks the generator for the rewrites of the first sampled try
+(`ReflectRegenerator.sampled_rewrites`, try 2: the samples and seeds the proxy would use, on a vLLM of
+the committed ShapesWorld model started here unless `--base-url` names one), and prints, for each share,
+how many steps would stop, how many of those stops are right, and what the run's rewrites did with the
+steps that would have stopped (true flags fixed: a fix lost by stopping; false flags rewritten: a change
+of a true sentence that stopping saves). Choose a share on validation-seed runs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from faithproxy.clients.vllm import VLLMClient
+
+SHARES = (0.5, 0.625, 0.75, 0.875, 1.0)
+ATTEMPT = 2  # the first sampled try when the greedy try 1 gave a rewrite the detector rejected
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flagged first draft and what the run did with it."""
+
+    item_id: str
+    draft: str
+    prefix: tuple[str, ...]  # the accepted sentences before it, as the regenerator is given them
+    true: bool  # the draft is true by ground truth: the flag was false
+    fixed: bool  # the run replaced it with a sentence true by ground truth
+    rewritten: bool
+    attempts: int
+    restated: float | None = None  # share of the sampled try's rewrites restating the draft
+
+
+def flags_of(traces: Iterable[dict[str, Any]], items: Sequence[Any]) -> list[Flag]:
+    """The flagged perception drafts of the traces, with their ground truth; a trace whose image is none
+    of the items' is an error (the run's --seed/--start/--n were not these)."""
+    from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
+    from faithproxy.shapesworld.export import image_sha256
+
+    by_image = {image_sha256(item.scene): item for item in items}
+    out = []
+    for trace in traces:
+        item = next((by_image[h] for h in trace.get("images") or () if h in by_image), None)
+        if item is None:
+            raise ValueError(f"trace {trace.get('id')}: its image is not one of the items (--seed, --start, --n)")
+        accepted: list[str] = []
+        for step in trace["steps"]:
+            draft = step["original_text"] if step["original_text"] is not None else step["text"]
+            check = check_sentence(draft.strip(), item.scene.objects)
+            if step["detected"] == "unfaithful" and check.kind == PERCEPTION:
+                rewritten = step["original_text"] is not None
+                now = check_sentence(step["text"].strip(), item.scene.objects)
+                out.append(
+                    Flag(
+                        item_id=item.id,
+                        draft=draft.strip(),
+                        prefix=tuple(accepted),
+                        true=check.faithful is not False,
+                        fixed=rewritten and now.faithful is not False and check.faithful is False,
+                        rewritten=rewritten,
+                        attempts=int(step.get("attempts") or 0),
+                    )
+                )
+            accepted.append(step["text"].strip())
+    return out
+
+
+def stop_table(flags: Sequence[Flag], shares: Sequence[float] = SHARES) -> list[dict[str, Any]]:
+    """Per share: the steps that would stop, how many stops are right (the draft is true), and what the
+    run's rewrites did with them."""
+    measured = [f for f in flags if f.restated is not None]
+    rows = []
+    for share in shares:
+        stops = [f for f in measured if f.restated is not None and f.restated >= share]
+        right = sum(f.true for f in stops)
+        rows.append(
+            {
+                "insist_share": share,
+                "flags": len(measured),
+                "stops": len(stops),
+                "right": right,
+                "wrong": len(stops) - right,
+                "right_share": round(right / len(stops), 4) if stops else None,
+                "false_flags_stopped": right,
+                "false_flags": sum(f.true for f in measured),
+                "true_flags_stopped": len(stops) - right,
+                "true_flags": sum(not f.true for f in measured),
+                "fixes_lost": sum(f.fixed for f in stops),
+                "true_sentences_rewritten_saved": sum(f.true and f.rewritten for f in stops),
+                "tries_on_stopped_steps_in_the_run": sum(f.attempts for f in stops),
+            }
+        )
+    return rows
+
+
+async def measure(
+    flags: Sequence[Flag], items: Sequence[Any], client: VLLMClient, samples: int, concurrency: int
+) -> list[Flag]:
+    """Each flag with the share of its sampled try's rewrites that restate it (`client`: the generator)."""
+    from faithproxy.faithcore.context import RequestView
+    from faithproxy.faithcore.types import Step, StepKind
+    from faithproxy.regenerators.reflect import ReflectRegenerator, restated_share
+    from faithproxy.shapesworld.model.corpus import user_message
+    from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
+
+    by_id = {item.id: item for item in items}
+    gate = asyncio.Semaphore(concurrency)
+    regenerator = ReflectRegenerator(client, samples=samples)
+
+    async def one(flag: Flag) -> Flag:
+        item = by_id[flag.item_id]
+        view = RequestView(flag.item_id, SERVED_NAME, [user_message(item.question.prompt, data_url(item.scene))],
+                           item.question.prompt)  # fmt: skip
+        step = Step(index=len(flag.prefix), text=flag.draft, raw=flag.draft, kind=StepKind.PERCEPTION)
+        async with gate:
+            rewrites = await regenerator.sampled_rewrites(view, list(flag.prefix), step, ATTEMPT)
+        return Flag(**{**asdict(flag), "prefix": flag.prefix, "restated": restated_share(rewrites, flag.draft)})
+
+    return list(await asyncio.gather(*(one(f) for f in flags)))
+
+
+async def _measure_at(
+    flags: Sequence[Flag], items: Sequence[Any], base_url: str, args: argparse.Namespace
+) -> list[Flag]:
+    from faithproxy.clients.vllm import VLLMClient
+
+    client = VLLMClient(base_url, request_timeout_s=600)
+    try:
+        return await measure(flags, items, client, args.samples, args.concurrency)
+    finally:
+        await client.aclose()
+
+
+def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"Early stop when the model insists: {meta['flags']} flags of `{meta['traces']}` (scenes' seed "
+        f"{meta['seed']}, items {meta['start']}..{meta['start'] + meta['n'] - 1}), {meta['samples']} samples at try "
+        f"{ATTEMPT}; a stop is right when the flagged sentence is true by ground truth.",
+        "",
+        "| insist share | stops | right | wrong | right share | false flags stopped | true flags stopped | "
+        "fixes lost | true sentences not rewritten |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        share = "–" if r["right_share"] is None else f"{r['right_share']:.2f}"
+        lines.append(
+            f"| {r['insist_share']} | {r['stops']} | {r['right']} | {r['wrong']} | {share} | "
+            f"{r['false_flags_stopped']} of {r['false_flags']} | {r['true_flags_stopped']} of {r['true_flags']} | "
+            f"{r['fixes_lost']} | {r['true_sentences_rewritten_saved']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--traces", type=Path, required=True, help="a bench shapesworld row's traces (JSONL)")
+    parser.add_argument("--seed", type=int, required=True, help="the run's scenes' seed")
+    parser.add_argument("--start", type=int, default=0, help="the run's first item")
+    parser.add_argument("--n", type=int, required=True, help="the run's chains")
+    parser.add_argument("--samples", type=int, default=8, help="rewrites per sampled try (REGENERATION_SAMPLES)")
+    parser.add_argument("--base-url", help="a vLLM serving the ShapesWorld model (its root URL); default: start one")
+    parser.add_argument("--model", type=Path, help="the ShapesWorld model folder (default: the committed one)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--out", type=Path, help="result JSON (the flags with their shares, and the table)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from faithproxy.shapesworld.model import WEIGHTS_DIR
+    from faithproxy.shapesworld.model.scoring import heldout_items
+
+    if args.samples < 1 or args.n < 1 or args.start < 0:
+        raise SystemExit("--samples and --n must be at least 1, --start at least 0")
+    items = heldout_items(args.n, args.seed, start=args.start)
+    lines = args.traces.read_text(encoding="utf-8").splitlines()
+    try:
+        flags = flags_of((json.loads(line) for line in lines if line.strip()), items)
+    except ValueError as exc:
+        raise SystemExit(f"--traces: {exc}") from exc
+    if args.base_url is not None:
+        measured = asyncio.run(_measure_at(flags, items, args.base_url, args))
+    else:
+        from faithproxy.shapesworld.model.evaluate import SERVED_NAME
+        from faithproxy.tinyvlm.serve import start_vllm
+
+        model = args.model or WEIGHTS_DIR
+        log = args.traces.with_name("insist-vllm.log")
+        with start_vllm(model, served_model_name=SERVED_NAME, log_path=log) as server:
+            measured = asyncio.run(_measure_at(flags, items, server.base_url, args))
+    rows = stop_table(measured)
+    meta = {"traces": str(args.traces), "seed": args.seed, "start": args.start, "n": args.n,
+            "samples": args.samples, "attempt": ATTEMPT, "flags": len(measured)}  # fmt: skip
+    text = markdown(rows, meta)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = meta | {"table": rows, "flags_measured": [asdict(f) for f in measured]}
+        args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        args.out.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(
+        prog="python -m faithproxy.benchmarks.evaluation.insist_bench", description=__doc__.split("\n\n")[0]
+    )
+    add_arguments(cli)
+    sys.exit(main(cli.parse_args()))
