@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +30,10 @@ from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode, Upstre
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+# The request's routing key, (header, value), set by the server for the request being served
+# (server/affinity.py): every chat call made in that context carries it, so a consistent-hash router
+# sends all the calls of one request to one replica. None: no header.
+ROUTING_KEY: ContextVar[tuple[str, str] | None] = ContextVar("faithproxy_routing_key", default=None)
 
 
 class UpstreamBody(Protocol):
@@ -222,7 +227,7 @@ class VLLMClient:
         A stream waits at most the idle timeout for each read (the headers included), a non-stream the
         request timeout."""
         read_timeout = self._stream_idle_timeout_s if stream else self._request_timeout_s
-        extra = self.request_headers() if self.request_headers is not None else None
+        extra = self._call_headers()
         if self._pool is not None:
             return await self._pool.request("POST", path, content=content, read_timeout_s=read_timeout, headers=extra)
         request = self._client.build_request(
@@ -233,6 +238,14 @@ class VLLMClient:
             timeout=self._stream_timeout if stream else self._timeout,
         )
         return _HttpxBody(await self._send_stream(request))
+
+    def _call_headers(self) -> dict[str, str] | None:
+        """The headers a chat call adds: the hook's (tracing), and the request's routing key."""
+        extra = self.request_headers() if self.request_headers is not None else None
+        key = ROUTING_KEY.get()
+        if key is None:
+            return extra
+        return {**extra, key[0]: key[1]} if extra else {key[0]: key[1]}
 
     @asynccontextmanager
     async def stream_chat(self, body: dict[str, Any], *, path: str = CHAT_PATH) -> AsyncIterator[UpstreamStream]:
@@ -256,7 +269,7 @@ class VLLMClient:
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Non-streamed chat completion as parsed JSON."""
-        extra = self.request_headers() if self.request_headers is not None else None
+        extra = self._call_headers()
         response = await self._send("POST", CHAT_PATH, json=body, headers=extra)
         try:
             data = response.json()

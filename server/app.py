@@ -31,7 +31,6 @@ from faithproxy.server.metrics import Metrics
 from faithproxy.server.otel import Telemetry, TracingMiddleware
 from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
-from faithproxy.server.reports_redis import RedisReportStore
 from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, responses_api
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
@@ -69,7 +68,11 @@ def create_app(
 
     built_metrics: list[Metrics] = []
     # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
-    reports = _report_store(settings, built_metrics)
+    reports: Reports = (
+        SharedReportStore(settings.reports_path, settings.reports_max_count, settings.reports_max_age_s)
+        if settings.reports_path
+        else ReportStore(settings.reports_max_count, settings.reports_max_age_s)
+    )
     # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
     key_policies = _key_policies(settings, built_metrics)
 
@@ -161,7 +164,6 @@ def create_app(
             if fetcher is not None:
                 await fetcher.aclose()
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
-            await reports.aclose()  # Redis: the writes in flight land, this loop's connections close
             await _stop_operators_tools(key_policies, telemetry)
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
@@ -193,23 +195,6 @@ def create_app(
     if telemetry is not None:  # outermost: every refusal is a traced request too
         app.add_middleware(TracingMiddleware, telemetry=telemetry)
     return app
-
-
-def _report_store(settings: Settings, built_metrics: list[Metrics]) -> Reports:
-    """Redis when FAITHPROXY_REPORTS_URL names one (replicas share it; its failures counted in the app's
-    metrics once its lifespan has made them), else the workers' SQLite file, else this process's memory."""
-    bounds = (settings.reports_max_count, settings.reports_max_age_s)
-    if settings.reports_url is not None:
-
-        def count_error(operation: str) -> None:
-            if built_metrics:
-                built_metrics[0].report_store_errors.labels(operation).inc()
-
-        url = settings.reports_url.get_secret_value()
-        return RedisReportStore(url, *bounds, timeout_s=settings.reports_timeout_s, on_error=count_error)
-    if settings.reports_path:
-        return SharedReportStore(settings.reports_path, *bounds)
-    return ReportStore(*bounds)
 
 
 def _key_policies(settings: Settings, built_metrics: list[Metrics]) -> KeyPolicies | None:

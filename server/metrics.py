@@ -55,7 +55,6 @@ DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
 CASCADE_STAGES = decision_stages()
 HINT_OUTCOMES = ("applied", "unusable", "error")
 POLICY_OUTCOMES = ("admitted", "refused")
-REPORT_STORE_OPERATIONS = ("write", "read")
 # resumed: a broken upstream stream was continued by a new round; exhausted: no attempt was left, the
 # request failed (server/session.py; the rule is faithcore/correction/machine.py's)
 RESUME_OUTCOMES = ("resumed", "exhausted")
@@ -100,7 +99,7 @@ class Metrics:
         self.registry = registry
         self.requests = Counter(
             "faithproxy_requests_total",
-            "Requests by mode, detector, HTTP status class and endpoint (the door: its path).",
+            "Chat completion requests by mode, detector and HTTP status class.",
             ["mode", "detector", "status"],
             registry=registry,
         )
@@ -262,16 +261,6 @@ class Metrics:
             "an export that failed (collector down). Requests are never held up by the export.",
             registry=registry,
         )
-        self.report_store_errors = Counter(
-            "faithproxy_report_store_errors_total",
-            "Calls to the shared report store (Redis, FAITHPROXY_REPORTS_URL) that failed, by operation: "
-            "write (a finished request's report not stored; the request was served) and read (a lookup "
-            "answered 503).",
-            ["operation"],
-            registry=registry,
-        )
-        for operation in REPORT_STORE_OPERATIONS:
-            self.report_store_errors.labels(operation)
         self.policy_reloads = Counter(
             "faithproxy_policy_reloads_total",
             "Reloads of the policy file (SIGHUP) by result (ok; failed: the policies in force were kept).",

@@ -7,8 +7,9 @@ calls the detector and the regenerator with a frozen view of the request — han
 counts what the machine decided.
 
 correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect
-mode runs the reader and a checker side by side in one TaskGroup: text goes out as it arrives, verdicts
-follow as each batch is checked.
+mode runs a checker task beside the rounds: text goes out as it arrives, verdicts follow as each batch is
+checked. A round whose stream broke is resumed when the machine says so (Resumed, then DropRound and
+StartRound like any continuation); the session counts it in faithproxy_upstream_resumes_total.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from faithproxy.faithcore.correction import (
     Fail,
     Regenerate,
     Regenerated,
+    Resumed,
     Rules,
     StartRound,
     Tried,
@@ -139,6 +141,7 @@ class ChainSession:
             completion_budget=limit if isinstance(limit, int) else None,
             reasoning_format=reasoning_format,
             sequential=self.settings.sequential_checks,
+            resume_attempts=self.settings.upstream_resume_attempts,
         )
 
     @property
@@ -153,6 +156,9 @@ class ChainSession:
         core, detect = self.core, self.policy.mode == "detect"
         checks: asyncio.Queue[Check] = asyncio.Queue()  # detect mode: work for the checker
         task: asyncio.Task[None] | None = None
+        # detect mode checks beside the rounds, for the whole request: a round may be resumed while a
+        # check is in flight
+        checker = asyncio.create_task(self._checker(checks)) if detect else None
         try:
             while True:
                 action = core.next_action()
@@ -163,7 +169,7 @@ class ChainSession:
                     body = self.wire.round_body(self.body, action)
                     wire = self.wire
                     reader = RoundReader(self.generator, body, core, core.round, self._wake, wire.path, wire.reader)
-                    task = asyncio.create_task(self._read(reader, checks if detect else None))
+                    task = asyncio.create_task(reader.run())
                 elif isinstance(action, DropRound):
                     assert task is not None
                     await _cancel(task)  # closes the upstream stream: vLLM aborts, the read-ahead goes
@@ -178,6 +184,8 @@ class ChainSession:
                     raise action.error
                 elif isinstance(action, Tried):
                     self.metrics.regeneration_attempts.labels(action.outcome).inc()
+                elif isinstance(action, Resumed):
+                    self.metrics.upstream_resumes.labels(action.outcome).inc()
                 elif self._deliver(action):
                     yield action
                     if isinstance(action, EmitEnd):
@@ -185,6 +193,8 @@ class ChainSession:
         finally:
             if task is not None:
                 await _cancel(task)
+            if checker is not None:
+                await _cancel(checker)
 
     def _wake(self) -> None:
         self._wakeup.set()
@@ -199,15 +209,6 @@ class ChainSession:
         return not (self.hide_reasoning and isinstance(action, EmitText) and action.channel is Channel.REASONING)
 
     # ---- the I/O the machine asks for ---------------------------------------------------------
-
-    async def _read(self, reader: RoundReader, checks: asyncio.Queue[Check] | None) -> None:
-        """One round: the reader alone, or (detect mode) the reader and a checker in one TaskGroup."""
-        if checks is None:
-            await reader.run()
-            return
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(reader.run())
-            tasks.create_task(self._checker(checks))
 
     async def _checker(self, checks: asyncio.Queue[Check]) -> None:
         while True:

@@ -40,6 +40,13 @@ class Settings(BaseSettings):
     # A request queued in vLLM sends nothing until its prefill: raise this if queues get that long.
     # None: wait forever.
     upstream_stream_idle_timeout_s: float | None = Field(300.0, gt=0)
+    # How often one correct/detect request goes on after its upstream stream broke mid-round (a replica
+    # died, the idle limit): a new round through the same URL continues the verified chain (docs/replicas.md).
+    upstream_resume_attempts: int = Field(2, ge=0)
+    # The header that carries one routing key on every upstream call of a request (first round, rewrites,
+    # continuations, self-checks), so a consistent-hash router keeps the request on one replica: the
+    # client's own value when it sent this header, else one made per request. Empty: none is sent.
+    routing_header: str = "x-session-id"
 
     # Bearer keys of the proxy's clients (FAITHPROXY_API_KEYS=key1,key2). Empty: no auth.
     # /healthz and /readyz stay open; /metrics too unless metrics_require_key.
@@ -133,11 +140,6 @@ class Settings(BaseSettings):
     reports_max_age_s: float = Field(3600.0, gt=0)
     # A SQLite file for them instead, which all workers of one server must share; None: in memory.
     reports_path: str | None = None
-    # Redis for them instead (redis://host:6379/0), which replicas on several machines share; wins over
-    # reports_path. Every call to it is bounded by reports_timeout_s: a Redis that is down or slow never
-    # holds up a request (server/reports_redis.py). Secret: the URL may carry Redis's password.
-    reports_url: SecretStr | None = None
-    reports_timeout_s: float = Field(0.5, gt=0)
 
     # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
     # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe

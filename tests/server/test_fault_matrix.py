@@ -91,6 +91,9 @@ async def stack(tmp_path: Path, *, refuse: bool = False) -> AsyncIterator[Stack]
             trace_path=str(tmp_path / "t.jsonl"),
             upstream_stream_idle_timeout_s=0.5,
             judges=[judge],
+            # the fault is on every call, and this matrix proves the error path: a break mid-stream is not
+            # resumed here (resuming, with a fake that continues a chain: tests/server/test_resume.py)
+            upstream_resume_attempts=0,
         )
         async with running_app(create_app(settings)) as proxy_url:
             yield Stack(proxy_url, vllm, judge_app.state.judge, tmp_path / "t.jsonl")

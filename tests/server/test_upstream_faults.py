@@ -22,10 +22,10 @@ Handler = Callable[[httpx.Request], httpx.Response] | Callable[[httpx.Request], 
 
 
 @contextlib.asynccontextmanager
-async def serve(handler: Handler, tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+async def serve(handler: Handler, tmp_path: Path, **settings: object) -> AsyncIterator[tuple[str, Path]]:
     trace = tmp_path / "t.jsonl"
     app = create_app(
-        Settings(upstream_url="http://vllm.test", trace_path=str(trace)),
+        Settings(upstream_url="http://vllm.test", trace_path=str(trace), **settings),
         upstream_transport=httpx.MockTransport(handler),
     )
     async with running_app(app) as url:
@@ -38,9 +38,9 @@ def tmp(tmp_path: Path) -> Path:
 
 
 async def run(
-    handler: Handler, tmp: Path, body: dict | None = None, headers: dict | None = None
+    handler: Handler, tmp: Path, body: dict | None = None, headers: dict | None = None, **settings: object
 ) -> tuple[httpx.Response, list[dict], str]:
-    async with serve(handler, tmp) as (url, trace):
+    async with serve(handler, tmp, **settings) as (url, trace):
         async with httpx.AsyncClient(timeout=10) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=body or BODY, headers=headers or HEADERS)
             metrics = (await http.get(f"{url}/metrics")).text
@@ -49,8 +49,10 @@ async def run(
 
 
 async def test_stream_cut_mid_way_ends_with_error_frame_and_done(tmp: Path) -> None:
+    # without resume attempts (FAITHPROXY_UPSTREAM_RESUME_ATTEMPTS=0): the break is the request's end;
+    # with them, tests/server/test_resume.py
     cut = Sentences(["The image shows a cat. ", "It is black. It sits"], finish=None)
-    response, records, metrics = await run(FakeUpstream(cut, fault="truncated").handle, tmp)
+    response, records, metrics = await run(FakeUpstream(cut, fault="truncated").handle, tmp, upstream_resume_attempts=0)
     data = frames(response.text)
     assert data[-1] == "[DONE]"
     error = json.loads(data[-2])["error"]
