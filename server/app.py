@@ -21,6 +21,7 @@ from faithproxy.detectors.registry import DetectorDeps, build_detectors
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
 from faithproxy.server.affinity import RoutingKeyMiddleware
+from faithproxy.server.affinity import RoutingKeyMiddleware
 from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
 from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.connections import connection_rules
@@ -31,6 +32,7 @@ from faithproxy.server.metrics import Metrics
 from faithproxy.server.otel import Telemetry, TracingMiddleware
 from faithproxy.server.passthrough import OffModeMiddleware
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
+from faithproxy.server.reports_redis import RedisReportStore
 from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, responses_api
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
@@ -68,11 +70,7 @@ def create_app(
 
     built_metrics: list[Metrics] = []
     # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
-    reports: Reports = (
-        SharedReportStore(settings.reports_path, settings.reports_max_count, settings.reports_max_age_s)
-        if settings.reports_path
-        else ReportStore(settings.reports_max_count, settings.reports_max_age_s)
-    )
+    reports = _report_store(settings, built_metrics)
     # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
     key_policies = _key_policies(settings, built_metrics)
 
@@ -164,6 +162,7 @@ def create_app(
             if fetcher is not None:
                 await fetcher.aclose()
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
+            await reports.aclose()  # Redis: the writes in flight land, this loop's connections close
             await _stop_operators_tools(key_policies, telemetry)
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
@@ -177,6 +176,8 @@ def create_app(
     app.include_router(faithfulness.router)
     install_openapi(app, settings)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
+    # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
+    app.add_middleware(RoutingKeyMiddleware, header=settings.routing_header)
     # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
     app.add_middleware(RoutingKeyMiddleware, header=settings.routing_header)
     app.add_middleware(
@@ -195,6 +196,23 @@ def create_app(
     if telemetry is not None:  # outermost: every refusal is a traced request too
         app.add_middleware(TracingMiddleware, telemetry=telemetry)
     return app
+
+
+def _report_store(settings: Settings, built_metrics: list[Metrics]) -> Reports:
+    """Redis when FAITHPROXY_REPORTS_URL names one (replicas share it; its failures counted in the app's
+    metrics once its lifespan has made them), else the workers' SQLite file, else this process's memory."""
+    bounds = (settings.reports_max_count, settings.reports_max_age_s)
+    if settings.reports_url is not None:
+
+        def count_error(operation: str) -> None:
+            if built_metrics:
+                built_metrics[0].report_store_errors.labels(operation).inc()
+
+        url = settings.reports_url.get_secret_value()
+        return RedisReportStore(url, *bounds, timeout_s=settings.reports_timeout_s, on_error=count_error)
+    if settings.reports_path:
+        return SharedReportStore(settings.reports_path, *bounds)
+    return ReportStore(*bounds)
 
 
 def _key_policies(settings: Settings, built_metrics: list[Metrics]) -> KeyPolicies | None:

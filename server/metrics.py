@@ -58,6 +58,10 @@ POLICY_OUTCOMES = ("admitted", "refused")
 # resumed: a broken upstream stream was continued by a new round; exhausted: no attempt was left, the
 # request failed (server/session.py; the rule is faithcore/correction/machine.py's)
 RESUME_OUTCOMES = ("resumed", "exhausted")
+REPORT_STORE_OPERATIONS = ("write", "read")
+# resumed: a broken upstream stream was continued by a new round; exhausted: no attempt was left, the
+# request failed (server/session.py; the rule is faithcore/correction/machine.py's)
+RESUME_OUTCOMES = ("resumed", "exhausted")
 POLICY_RELOAD_RESULTS = ("ok", "failed")
 # The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
 JUDGE_TOKEN_KINDS = {
@@ -99,7 +103,7 @@ class Metrics:
         self.registry = registry
         self.requests = Counter(
             "faithproxy_requests_total",
-            "Chat completion requests by mode, detector and HTTP status class.",
+            "Requests by mode, detector, HTTP status class and endpoint (the door: its path).",
             ["mode", "detector", "status"],
             registry=registry,
         )
@@ -172,6 +176,15 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.upstream_resumes = Counter(
+            "faithproxy_upstream_resumes_total",
+            "Upstream streams that broke mid-round in correct/detect mode, by outcome: resumed (a new "
+            "round continued the chain) or exhausted (no resume attempt left: the request failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in RESUME_OUTCOMES:
+            self.upstream_resumes.labels(outcome)
         self.upstream_resumes = Counter(
             "faithproxy_upstream_resumes_total",
             "Upstream streams that broke mid-round in correct/detect mode, by outcome: resumed (a new "
@@ -261,6 +274,16 @@ class Metrics:
             "an export that failed (collector down). Requests are never held up by the export.",
             registry=registry,
         )
+        self.report_store_errors = Counter(
+            "faithproxy_report_store_errors_total",
+            "Calls to the shared report store (Redis, FAITHPROXY_REPORTS_URL) that failed, by operation: "
+            "write (a finished request's report not stored; the request was served) and read (a lookup "
+            "answered 503).",
+            ["operation"],
+            registry=registry,
+        )
+        for operation in REPORT_STORE_OPERATIONS:
+            self.report_store_errors.labels(operation)
         self.policy_reloads = Counter(
             "faithproxy_policy_reloads_total",
             "Reloads of the policy file (SIGHUP) by result (ok; failed: the policies in force were kept).",

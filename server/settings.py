@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     reports_max_age_s: float = Field(3600.0, gt=0)
     # A SQLite file for them instead, which all workers of one server must share; None: in memory.
     reports_path: str | None = None
+    # Redis for them instead (redis://host:6379/0), which replicas on several machines share; wins over
+    # reports_path. Every call to it is bounded by reports_timeout_s: a Redis that is down or slow never
+    # holds up a request (server/reports_redis.py). Secret: the URL may carry Redis's password.
+    reports_url: SecretStr | None = None
+    reports_timeout_s: float = Field(0.5, gt=0)
 
     # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
     # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe
