@@ -155,13 +155,16 @@ class MessagesEvents(ChunkFactory):
         self._open = None
         return [self.event("content_block_stop", index=self.blocks - 1)]
 
-    def end(self, finish_reason: str | None, usage: dict[str, Any], summary: dict[str, Any]) -> list[bytes]:
+    def end(
+        self, finish_reason: str | None, usage: dict[str, Any], summary: dict[str, Any], extra: dict[str, Any]
+    ) -> list[bytes]:
+        """The closing events; `extra` rides on message_delta beside `usage` (the judge's bill)."""
         delta = {"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
         out_usage = {"output_tokens": usage.get("completion_tokens") or 0}
         return [
             *self.start(),
             *self.close(),
-            self.event("message_delta", delta=delta, usage=out_usage, faithfulness=summary),
+            self.event("message_delta", delta=delta, usage=out_usage, **extra, faithfulness=summary),
             self.event("message_stop"),
         ]
 
@@ -219,7 +222,8 @@ class MessagesServing(ChatServing):
 
     def _end_frames(self, item: EmitEnd, chunks: ChunkFactory) -> list[bytes]:
         assert self.session is not None
-        return self.events.end(item.finish_reason, dict(self.session.result().usage), self._summary())
+        usage = dict(self.session.result().usage)
+        return self.events.end(item.finish_reason, usage, self._summary(), self._judge_usage())
 
     def _body(self, finish_reason: str | None, extras: dict[str, Any]) -> dict[str, Any]:
         assert self.session is not None
@@ -230,4 +234,5 @@ class MessagesServing(ChatServing):
             content.append({"type": "thinking", "thinking": thinking, "signature": ""})
         content.append({"type": "text", "text": self.answer.get("content", "")})
         stop = _STOP_REASONS.get(finish_reason or "stop", "end_turn")
-        return {**events.message(content, stop, dict(self.session.result().usage)), "faithfulness": self._summary()}
+        message = events.message(content, stop, dict(self.session.result().usage))
+        return {**message, **self._judge_usage(), "faithfulness": self._summary()}

@@ -154,5 +154,6 @@ class CompletionServing(ChatServing):
             "model": self.body["model"],
             "choices": [choice],
             "usage": dict(self.session.result().usage),
+            **self._judge_usage(),
             "faithfulness": self._summary(),
         }

@@ -10,6 +10,10 @@ judge call, and HTTP trailers are not something OpenAI clients read, so a stream
     "faithproxy_judge_usage": {"calls": 3, "input_tokens": 812, "cached_input_tokens": 2400,
                                "cache_creation_tokens": 0, "output_tokens": 27}
 
+The other doors carry the same field: beside `usage` in a completions body and its finish chunk, on the
+Responses object (non-streamed, and the `response` of `response.completed`), on an Anthropic message and
+its stream's `message_delta` event; the header on every door's non-streamed response.
+
 The same bill, with the count of image descriptions and of steps the budget left unchecked, is the
 `judge` block of the `faithfulness` summary (server/summary.py).
 """

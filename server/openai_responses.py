@@ -272,6 +272,7 @@ class ResponsesServing(ChatServing):
         events = self.events
         frames = [*events.start(), *events.close()]
         final = events.final(item.finish_reason, dict(self.session.result().usage), self._summary())
+        final.update(self._judge_usage())  # the judge's bill beside `usage` (server/judge_bill.py)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return [*frames, events.event(kind, response=final)]
 
@@ -285,4 +286,7 @@ class ResponsesServing(ChatServing):
         events.output.append(
             events.item("message", f"msg_{events.id}_{len(events.output)}", self.answer.get("content", ""))
         )
-        return events.final(finish_reason, dict(self.session.result().usage), self._summary())
+        return {
+            **events.final(finish_reason, dict(self.session.result().usage), self._summary()),
+            **self._judge_usage(),
+        }

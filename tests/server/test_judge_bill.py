@@ -142,3 +142,41 @@ async def test_bad_budget_headers_are_400s(tmp_path: Path, value: str) -> None:
     async with proxy(tmp_path) as p:
         response = await p.post({"x-faithproxy-judge-budget": value})
     assert response.status_code == 400 and "x-faithproxy-judge-budget" in response.json()["error"]["message"]
+
+
+# Each door's request, and where its non-streamed body and its stream's last event put the bill.
+DOOR_REQUESTS = {
+    "/v1/completions": {"model": "m", "prompt": "What is in the image?", "max_tokens": 64},
+    "/v1/responses": {"model": "m", "input": "What is in the image?", "max_output_tokens": 64},
+    "/v1/messages": {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "What is in it?"}]},
+}
+
+
+def streamed_bill(path: str, text: str) -> dict[str, Any]:
+    """The bill in a stream: on the finish chunk (completions), the response.completed event's response
+    (responses), the message_delta event (messages)."""
+    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]  # named events too
+    events = [json.loads(data) for data in lines if data != "[DONE]"]
+    if path == "/v1/completions":
+        (end,) = [e for e in events if e["choices"] and e["choices"][0].get("finish_reason")]
+        return end["faithproxy_judge_usage"]
+    if path == "/v1/responses":
+        (end,) = [e for e in events if e["type"] in ("response.completed", "response.incomplete")]
+        return end["response"]["faithproxy_judge_usage"]
+    (end,) = [e for e in events if e["type"] == "message_delta"]
+    return end["faithproxy_judge_usage"]
+
+
+@pytest.mark.parametrize("path", DOOR_REQUESTS)
+async def test_every_door_carries_the_bill_beside_usage(tmp_path: Path, path: str) -> None:
+    async with proxy(tmp_path) as p, httpx.AsyncClient(timeout=15) as http:
+        whole = await http.post(p.url + path, json=DOOR_REQUESTS[path])
+        calls = p.judge.requests
+        streamed = await http.post(p.url + path, json={**DOOR_REQUESTS[path], "stream": True})
+    assert whole.status_code == streamed.status_code == 200, (whole.text, streamed.text)
+    body = whole.json()
+    bill = body["faithproxy_judge_usage"]
+    assert bill["calls"] == calls >= 1 and bill["output_tokens"] > 0
+    assert {k: body["faithfulness"]["judge"][k] for k in bill} == bill
+    assert whole.headers["x-faithproxy-judge-usage"] == ", ".join(f"{k}={v}" for k, v in bill.items())
+    assert streamed_bill(path, streamed.text)["calls"] == p.judge.requests - calls >= 1
