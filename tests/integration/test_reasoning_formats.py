@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 from openai import AsyncOpenAI
@@ -272,6 +273,59 @@ def expected(row: Row, text: str) -> dict[str, str]:
 def flagged(extras: list[dict[str, Any]]) -> list[int]:
     steps = [v for e in extras for v in e.get("verdicts", [])] or [s for e in extras for s in e.get("steps", [])]
     return sorted({s["index"] for s in steps if s["detected"] == "unfaithful"})
+
+
+# Before test_row: the first row's server (qwen3) is started once for both.
+async def test_responses_and_messages_doors_carry_the_verified_thinking(format_servers: Servers) -> None:
+    """A --reasoning-parser vLLM (qwen3) behind /v1/responses (openai SDK) and /v1/messages (anthropic SDK):
+    the chain with a planted step in the thinking, corrected, gives a reasoning item / thinking block with
+    the verified thinking and a text with the answer: the same fields the chat client gets, streamed and
+    not; the planted sentence reaches neither."""
+    row, planted = ROWS[0], fs.IN_THINKING
+    fixture = spec.get(planted.chain.fixture)
+    want = expected(row, fs.corrected_output(row.family, planted, row.resumes))
+    assert set(want) == {"reasoning", "content"} and planted.sentence not in want["reasoning"]
+    headers = {"X-Faithproxy-Mode": "correct", "X-Faithproxy-Reasoning-Format": row.reasoning_format}
+    image = spec.data_url(fixture.name)
+    async with proxied(format_servers.get(row.server)) as stack:
+        chat = await ask(stack, row, fixture.name, "correct", stream=False)
+        assert chat.fields == want
+        ask_responses: dict[str, Any] = {
+            "model": stack.model,
+            "input": [{"role": "user", "content": [{"type": "input_image", "image_url": image},
+                                                   {"type": "input_text", "text": fixture.question}]}],
+            "max_output_tokens": 200,
+            "temperature": 0.0,
+            "extra_headers": headers,
+        }  # fmt: skip
+        whole = await stack.client.responses.create(**ask_responses)
+        thinking = "".join(c.text for item in whole.output if item.type == "reasoning" for c in item.content or [])
+        assert {"reasoning": thinking, "content": whole.output_text} == want
+        async with stack.client.responses.stream(**ask_responses) as events:
+            streamed = {"reasoning": "", "content": ""}
+            async for event in events:
+                if event.type == "response.reasoning_text.delta":
+                    streamed["reasoning"] += event.delta
+                elif event.type == "response.output_text.delta":
+                    streamed["content"] += event.delta
+        assert streamed == want
+
+        source = {"type": "base64", "media_type": "image/png", "data": image.split(",", 1)[1]}
+        ask_messages: dict[str, Any] = {
+            "model": stack.model,
+            "max_tokens": 200,
+            "extra_body": {"temperature": 0.0},
+            "extra_headers": headers,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": source},
+                                                      {"type": "text", "text": fixture.question}]}],
+        }  # fmt: skip
+        async with anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="x", max_retries=0, timeout=120) as sdk:
+            message = await sdk.messages.create(**ask_messages)
+            async with sdk.messages.stream(**ask_messages) as stream:
+                final = await stream.get_final_message()
+    for reply in (message, final):
+        blocks = {block.type: block for block in reply.content}
+        assert {"reasoning": blocks["thinking"].thinking, "content": blocks["text"].text} == want  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
