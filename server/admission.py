@@ -22,6 +22,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +57,21 @@ class Admitted:
         return bool(self.body.get("stream"))
 
 
+# The ids admission made in this request's context: server/internal_errors.py sets a list here around
+# each request and names the id in the log and the answer when the request fails unexpectedly.
+REQUEST_ID: ContextVar[list[str] | None] = ContextVar("faithproxy_request_id", default=None)
+
+
 def new_request_id() -> str:
     """24 hex digits: the X-Faithproxy-Request-Id of a response, its trace and its report."""
     return os.urandom(12).hex()
+
+
+def _noted(request_id: str) -> str:
+    ids = REQUEST_ID.get()
+    if ids is not None:
+        ids.append(request_id)
+    return request_id
 
 
 def arrival() -> tuple[float, float]:
@@ -94,7 +107,7 @@ async def admit(
     changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
     if changed:
         raw = json.dumps(body).encode()  # forward the body as settled
-    return Admitted(body, raw, policy, new_request_id(), *started, key_policy=key_policy, endpoint=endpoint)
+    return Admitted(body, raw, policy, _noted(new_request_id()), *started, key_policy=key_policy, endpoint=endpoint)
 
 
 def count_refused(metrics: Metrics, exc: FaithproxyError, endpoint: str) -> None:

@@ -26,6 +26,7 @@ from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
 from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.connections import connection_rules
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
+from faithproxy.server.internal_errors import InternalErrorMiddleware
 from faithproxy.server.key_policy import KeyPolicies
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.metrics import Metrics
@@ -55,7 +56,8 @@ def create_app(
     `upstream_transport` replaces the network under the vLLM client: fault-injection tests only.
     `image_fetcher` replaces the one built from `settings.image_fetch` (tests inject a resolver).
 
-    Middleware, outermost first: request size (431/413), API keys (401), concurrency (429), then off
+    Middleware, outermost first: tracing (when on), internal errors (500 in the door's format), request
+    size (431/413), API keys (401), concurrency (429), then off
     mode's pure-ASGI pass-through (server/passthrough.py) in front of the router.
     """
     settings = settings or get_settings()
@@ -193,6 +195,9 @@ def create_app(
     app.add_middleware(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
+    # Outside every middleware but tracing's: an exception none of them answered is a 500 in the
+    # door's format, logged with the request id and counted (server/internal_errors.py).
+    app.add_middleware(InternalErrorMiddleware)
     if telemetry is not None:  # outermost: every refusal is a traced request too
         app.add_middleware(TracingMiddleware, telemetry=telemetry)
     return app

@@ -8,6 +8,8 @@ parsing, so no body can make the parser recurse or allocate without bound.
     a number beyond a double (1e999)          json's parse_float hook, set with    400 number_too_large
                                               parse_int or for a 3-digit exponent
     NaN, Infinity, -Infinity (not JSON)       json's parse_constant hook           400 invalid_json
+    a lone surrogate ("\ud800" unpaired)      re-encoding the value, only when the  400 invalid_unicode
+                                              bytes hold an escaped or raw surrogate
     anything else that is not JSON            json.loads                           400 invalid_json
 
 Python's json decoder recurses once per nesting level: a body nested 100,000 arrays deep raised
@@ -15,6 +17,11 @@ RecursionError (a 500). The pre-scan needs no recursion: it drops strings (their
 nest), keeps only the brackets, removes innermost pairs a few rounds at a time in C, and walks what is
 left once, stopping at the first level past the limit. Most bodies have fewer brackets than the limit
 and skip the scan altogether: off mode's admission stays cheap. Nothing here is asynchronous.
+
+JSON's grammar lets a string escape half a surrogate pair, and Python's json reads bytes with
+"surrogatepass", so a string can come out holding a code point that UTF-8 cannot encode. Every later
+encoding of it (the report, an SSE frame, the trace, the body sent upstream) raised UnicodeEncodeError,
+a 500; it is refused here, once, instead.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ _RISKY = (b"0" * (MAX_INT_DIGITS + 1), b"e000", b"e+000")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _EMPTY = re.compile(rb"\[\]|\{\}")  # one pass takes one level: "{[]}" becomes "{}", not ""
 _ROUNDS = 8  # pair-removal rounds done in C before the walk: wide bodies shrink to nothing in them
+# An escaped surrogate (\ud800-\udfff, paired or not) or one encoded raw (CESU-8: ED A0-BF ..).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 def load_json(raw: bytes) -> Any:
@@ -50,9 +59,22 @@ def load_json(raw: bytes) -> Any:
         hooks["parse_int"] = _bounded_int
         hooks["parse_float"] = _finite_float
     try:
-        return json.loads(raw, **hooks)
+        value = json.loads(raw, **hooks)
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise PolicyError(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if (b"\\u" in raw or b"\xed" in raw) and _SURROGATE.search(raw):  # two C scans; the rest only then
+        _check_unicode(value)
+    return value
+
+
+def _check_unicode(value: Any) -> None:
+    """A PolicyError (400 invalid_unicode) when a string of `value` holds a lone surrogate: pairs were
+    joined by json.loads, so what UTF-8 cannot encode now is unpaired."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        message = f"Request body has a lone surrogate (U+{ord(exc.object[exc.start]):04X}): not valid Unicode."
+        raise PolicyError(message, code="invalid_unicode") from exc
 
 
 def check_depth(raw: bytes, opening: int | None = None) -> None:

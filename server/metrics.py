@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from faithproxy.detectors.registry import decision_stages
 from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
+from faithproxy.server.errors import DOOR_PATHS
 
 KINDS = ("perception", "reasoning")
 VERDICTS = ("faithful", "unfaithful", "unknown", "unsure")
@@ -94,6 +95,8 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 CONNECTION_CLOSE_REASONS = ("header_timeout", "body_timeout", "idle_timeout", "too_many_connections")
+# The `door` of faithproxy_internal_errors_total (server/internal_errors.py): a door's path, or "other".
+INTERNAL_ERROR_DOORS = (*DOOR_PATHS, "other")
 
 
 class Metrics:
@@ -229,6 +232,15 @@ class Metrics:
         )
         for reason in CONNECTION_CLOSE_REASONS:
             self.client_connections_closed.labels(reason)
+        self.internal_errors = Counter(
+            "faithproxy_internal_errors_total",
+            "Requests that failed with an exception no handler answered (a bug: server/internal_errors.py "
+            "answers 500 in the door's format and logs it with the request id), by door.",
+            ["door"],
+            registry=registry,
+        )
+        for door in INTERNAL_ERROR_DOORS:
+            self.internal_errors.labels(door)
         self.cascade_decisions = Counter(
             "faithproxy_cascade_decisions_total",
             "Perception steps the cascade detector decided, by the stage that decided them.",

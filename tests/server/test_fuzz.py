@@ -295,6 +295,10 @@ MALFORMED = [
     b"{" + _HI + b',"temperature":NaN}',
     b"{" + _HI + b',"top_p":Infinity}',
     b"{" + _HI + b',"temperature":1e999}',  # inf to Python: re-encoded it would be "Infinity", not JSON
+    # lone surrogates: every encoding of the string (report, SSE frame) raised UnicodeEncodeError
+    b"{" + _HI + b',"user":"\\ud800"}',
+    b'{"model":"\\udfff","messages":[{"role":"user","content":"hi"}]}',
+    b'{"model":"m","messages":[{"role":"user","content":"\xed\xa0\x80"}]}',
 ]
 
 
