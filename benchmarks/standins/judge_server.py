@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ class Control(BaseModel):
     output_token_s: float | None = Field(default=None, ge=0)
     mode: FailMode | None = None
     obey_checked: bool | None = None  # False: a disobedient judge that also reports checked sentences
+    flag_confidence: float | None = Field(default=None, gt=0, lt=1)  # logprobs on OpenAI replies (see state)
     reset_stats: bool = False
 
 
@@ -105,6 +107,9 @@ class JudgeServerState:
     output_token_s: float = 0.0  # per output token
     mode: FailMode = "ok"
     obey_checked: bool = True
+    # P(UNFAITHFUL) the OpenAI-protocol replies show in their log-probabilities when a request asks for
+    # them (`logprobs`); None: none are given, as before (the judge's confidence is then unknown).
+    flag_confidence: float | None = None
     hang_s: float = 300.0
     image_tokens: int = IMAGE_TOKENS
     requests: int = 0
@@ -201,7 +206,7 @@ def create_app(
             return _error(protocol, 429, "rate_limit_error", "injected rate limit")
         if state.mode == "badjson":
             return PlainTextResponse("{not json", media_type="application/json")
-        info = {"model": body.get("model") or "local-judge", "parts": parts}
+        info = {"model": body.get("model") or "local-judge", "parts": parts, "logprobs": bool(body.get("logprobs"))}
         if state.mode == "garbage":
             return GARBAGE_REPLY, info
         if _HINT_FIELDS.issubset(set(_FIELD_NAMES.findall(text))):  # a hint request (server/hints.py)
@@ -292,7 +297,7 @@ def create_app(
                     "index": 0,
                     "message": {"role": "assistant", "content": reply},
                     "finish_reason": "stop",
-                    "logprobs": None,
+                    "logprobs": _logprobs(reply, state.flag_confidence) if info.get("logprobs") else None,
                 }
             ],
             "usage": {
@@ -327,6 +332,8 @@ def create_app(
             state.mode = change.mode
         if change.obey_checked is not None:
             state.obey_checked = change.obey_checked
+        if change.flag_confidence is not None:
+            state.flag_confidence = change.flag_confidence
         if change.reset_stats:
             state.reset()
         return state.public()
@@ -376,3 +383,18 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _logprobs(reply: str, confidence: float | None) -> dict[str, Any] | None:
+    """OpenAI-format log-probabilities of a reply, one token per word or run of spaces: every token
+    certain except the verdict of a flag, where UNFAITHFUL has `confidence` and FAITHFUL the rest."""
+    if confidence is None:
+        return None
+    content = []
+    for token in re.findall(r"\S+|\s+", reply):
+        top = [{"token": token, "logprob": 0.0, "bytes": None}]
+        if token == "UNFAITHFUL":
+            top = [{"token": "UNFAITHFUL", "logprob": math.log(confidence), "bytes": None},
+                   {"token": "FAITHFUL", "logprob": math.log(1 - confidence), "bytes": None}]  # fmt: skip
+        content.append({"token": token, "logprob": top[0]["logprob"], "bytes": None, "top_logprobs": top})
+    return {"content": content}

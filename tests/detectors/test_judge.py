@@ -293,3 +293,23 @@ def test_description_cache_is_a_bounded_lru() -> None:
 async def test_none_detector_checks_nothing() -> None:
     verdicts = (await NoneDetector().check(context(), steps("a", "b"))).verdicts
     assert [(v.faithfulness, v.detector, v.reason) for v in verdicts] == [(N, "none", "detector_none")] * 2
+
+
+async def test_a_stand_in_judge_with_logprobs_gives_its_confidence_and_an_unsure_flag() -> None:
+    """The local judge's OpenAI replies carry log-probabilities when asked and set (`flag_confidence`):
+    the flag's confidence is read from them, and under the request's threshold the flag is UNSURE and
+    the judge is asked again about the steps after it (the deploy test's `unsure` traffic relies on it)."""
+    app = create_app(ORACLE)
+    app.state.judge.flag_confidence = 0.6
+    async with running_judge_server(app) as url:
+        judge = build_judge(local_judge_config("openai", url, timeout_s=0.5))
+        detector = JudgeDetector({judge.name: judge}, judge.name)
+        try:
+            new = steps("The man wears a red scarf.", "The basket is empty.")
+            sure = (await detector.check(context(), new)).verdicts
+            unsure = (await detector.check(context(options={"flag_threshold": 0.7}), new)).verdicts
+        finally:
+            await detector.aclose()
+    assert [v.faithfulness for v in sure] == [U, N] and sure[0].confidence == pytest.approx(0.6)
+    assert [v.faithfulness for v in unsure] == [Faithfulness.UNSURE] * 2  # the second flag, asked again, too
+    assert unsure[0].confidence == pytest.approx(0.6) and unsure[0].reason == f"judge:{judge.name}:unsure"
