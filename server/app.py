@@ -32,9 +32,10 @@ from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMidd
 from faithproxy.server.metrics import Metrics
 from faithproxy.server.otel import Telemetry, TracingMiddleware
 from faithproxy.server.passthrough import OffModeMiddleware
+from faithproxy.server.report_page import ListedReports
 from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
 from faithproxy.server.reports_redis import RedisReportStore
-from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, responses_api
+from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, report_pages, responses_api
 from faithproxy.server.schema import install_openapi
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
@@ -73,6 +74,8 @@ def create_app(
     built_metrics: list[Metrics] = []
     # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
     reports = _report_store(settings, built_metrics)
+    # GET /reports lists them (server/report_page.py)
+    reports = ListedReports(reports, settings.reports_max_count, settings.reports_max_age_s)
     # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
     key_policies = _key_policies(settings, built_metrics)
 
@@ -176,6 +179,7 @@ def create_app(
     app.include_router(messages.router)
     app.include_router(ops.router)
     app.include_router(faithfulness.router)
+    app.include_router(report_pages.router)
     install_openapi(app, settings)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)

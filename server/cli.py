@@ -1,4 +1,4 @@
-"""The server's subcommands of `faithproxy`: serve, segment, detectors.
+"""The server's subcommands of `faithproxy`: serve, segment, detectors, report.
 
 The whole command is assembled one layer up, in faithproxy/cli.py; this module adds only what the server
 itself offers, so that the server never imports the benchmarks or the demo.
@@ -101,8 +101,21 @@ def _detectors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    """The report pages of a trace file's requests, as static HTML files (the server's templates)."""
+    from faithproxy.server.report_page import read_trace, write_static
+
+    try:
+        count = write_static(read_trace(args.trace), args.html)
+    except (OSError, ValueError) as e:
+        print(f"faithproxy report: {e}", file=sys.stderr)
+        return 1
+    print(f"{count} report pages and index.html written to {args.html}")
+    return 0
+
+
 def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds serve, segment and detectors to the `faithproxy` command's subparsers."""
+    """Adds serve, segment, detectors and report to the `faithproxy` command's subparsers."""
     serve = sub.add_parser("serve", help="run the proxy (settings also from FAITHPROXY_* env)")
     serve.add_argument("--upstream", help="vLLM base URL, e.g. http://127.0.0.1:8000")
     serve.add_argument("--host")
@@ -124,3 +137,8 @@ def add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     detectors = sub.add_parser("detectors", help="list the detectors")
     detectors.set_defaults(func=_detectors)
+
+    report = sub.add_parser("report", help="render a trace file's requests as HTML report pages (offline)")
+    report.add_argument("trace", help="a trace file (serve --traces, one JSON line per request)")
+    report.add_argument("--html", required=True, metavar="OUT", help="folder to write index.html and the pages to")
+    report.set_defaults(func=_report)
