@@ -61,7 +61,22 @@ def _message(message: dict[str, Any], index: int) -> dict[str, Any]:
         return {"role": role, "content": content}
     if not isinstance(content, list):
         raise PolicyError(f"messages[{index}].content must be a string or a list of blocks", param="messages")
-    return {"role": role, "content": [_block(b, f"messages[{index}].content[{i}]") for i, b in enumerate(content)]}
+    # An earlier turn's thinking, sent back by the client, is the assistant message's `reasoning` (as vLLM's
+    # own /v1/messages maps it; the chat template decides whether past thinking is rendered). A
+    # redacted_thinking block holds nothing a template could render: left out.
+    thinking = [b for b in content if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]
+    if thinking and role != "assistant":
+        raise PolicyError(f"messages[{index}]: thinking blocks belong to assistant messages", param="messages")
+    blocks = [
+        _block(b, f"messages[{index}].content[{i}]")
+        for i, b in enumerate(content)
+        if not (isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking"))
+    ]
+    out: dict[str, Any] = {"role": role, "content": blocks}
+    reasoning = "".join(b["thinking"] for b in thinking if isinstance(b.get("thinking"), str))
+    if reasoning:
+        out["reasoning"] = reasoning
+    return out
 
 
 def _system_text(system: Any) -> str:

@@ -59,6 +59,37 @@ def _part(part: Any, where: str) -> dict[str, Any]:
     )
 
 
+def _reasoning(item: dict[str, Any], index: int) -> str:
+    """The text of a reasoning item a client sent back (an earlier response's output)."""
+    if item.get("encrypted_content"):
+        raise PolicyError(f"input[{index}]: encrypted reasoning content is not supported", param="input")
+    for key in ("content", "summary"):  # vLLM's own mapping: the content, else the summary
+        parts = item.get(key)
+        if isinstance(parts, list) and parts and isinstance(parts[0], dict) and isinstance(parts[0].get("text"), str):
+            return str(parts[0]["text"])
+    return ""
+
+
+def _messages(given: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages. A reasoning item becomes the `reasoning` of an assistant message, and the
+    assistant message item after it joins that message (as vLLM's own /v1/responses builds them); whether
+    past reasoning is rendered is the chat template's choice."""
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(given):
+        last = messages[-1] if messages else None
+        if isinstance(item, dict) and item.get("type") == "reasoning":
+            messages.append({"role": "assistant", "reasoning": _reasoning(item, index)})
+            continue
+        message = _message(item, index)
+        if last is not None and "reasoning" in last and "content" not in last and message["role"] == "assistant":
+            last["content"] = message["content"]
+            continue
+        messages.append(message)
+    for message in messages:
+        message.setdefault("content", "")  # a reasoning item with no message after it
+    return messages
+
+
 def _message(item: Any, index: int) -> dict[str, Any]:
     if isinstance(item, str):
         return {"role": "user", "content": item}
@@ -80,7 +111,7 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     given = body["input"]
     messages = [{"role": "user", "content": given}] if isinstance(given, str) else []
     if isinstance(given, list):
-        messages = [_message(item, i) for i, item in enumerate(given)]
+        messages = _messages(given)
     if body.get("instructions"):
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, "stream": bool(body.get("stream"))}

@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import pytest
 
+from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.anthropic_messages import chat_body
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
@@ -212,3 +213,26 @@ async def test_the_anthropic_sdks_api_key_header_is_the_clients_key() -> None:
             other = await http.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": ask["messages"]},
                                     headers={"x-api-key": "sk-good"})  # fmt: skip
         assert other.status_code == 401 and other.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_thinking_blocks_sent_back_are_the_assistant_messages_reasoning() -> None:
+    """An earlier turn's thinking (as the SDK's get_final_message() gives it back) maps to the assistant
+    message's `reasoning`, as vLLM's own /v1/messages maps it; redacted thinking is left out; thinking in a
+    user message is a 400."""
+    turn = {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "I see a circle.", "signature": ""},
+            {"type": "redacted_thinking", "data": "xyz"},
+            {"type": "text", "text": "Red."},
+        ],
+    }
+    body = chat_body({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}, turn]})
+    assert body["messages"][1] == {
+        "role": "assistant",
+        "reasoning": "I see a circle.",
+        "content": [{"type": "text", "text": "Red."}],
+    }
+    misplaced = {"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}
+    with pytest.raises(PolicyError, match="thinking blocks belong to assistant messages"):
+        chat_body({"model": "m", "max_tokens": 8, "messages": [misplaced]})

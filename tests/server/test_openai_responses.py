@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.app import create_app
 from faithproxy.server.openai_responses import chat_body
 from faithproxy.server.settings import Settings
@@ -137,6 +138,33 @@ async def test_reasoning_becomes_a_reasoning_item() -> None:
     final = events[-1].response
     assert [item.type for item in final.output] == ["reasoning", "message"]
     assert final.output_text == "The answer is red."
+    # The client's next turn sends that output back as input (the SDK's own items): the reasoning item is
+    # the assistant message's `reasoning`, its message item the content, in one assistant message.
+    history = [{"role": "user", "content": "hi"}, *[item.model_dump(exclude_none=True) for item in final.output]]
+    async with running_app(create_app(settings, upstream_transport=upstream.transport())) as url:
+        sdk = client(url, "correct")
+        again = await sdk.responses.create(model="m", input=[*history, {"role": "user", "content": "Sure?"}])
+        await sdk.close()
+    assert again.output_text == "The answer is red."
+    sent = [json.loads(r.content) for r in upstream.requests if r.url.path == "/v1/chat/completions"][-1]
+    assert sent["messages"][:3] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "reasoning": "I see a circle. It is red.",
+         "content": [{"type": "text", "text": "The answer is red."}]},
+        {"role": "user", "content": "Sure?"},
+    ]  # fmt: skip
+
+
+def test_input_reasoning_items_map_as_vllm_maps_them() -> None:
+    """A reasoning item alone, its summary when it has no content, and encrypted content (a 400)."""
+    summary_only = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Short."}]}
+    body = chat_body({"model": "m", "input": [summary_only, {"role": "user", "content": "next"}]})
+    assert body["messages"] == [
+        {"role": "assistant", "reasoning": "Short.", "content": ""},
+        {"role": "user", "content": "next"},
+    ]
+    with pytest.raises(PolicyError, match=r"input\[0\]: encrypted"):
+        chat_body({"model": "m", "input": [{**summary_only, "encrypted_content": "gAAA"}, "next"]})
 
 
 async def test_off_mode_passes_vllm_responses_through(proxy: Any) -> None:
