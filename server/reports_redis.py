@@ -77,7 +77,7 @@ class RedisReportStore:
         max_count: int,
         max_age_s: float,
         *,
-        timeout_s: float = 0.5,
+        timeout_s: float = 2.0,
         max_pending: int = 1000,
         on_error: Callable[[str], None] = lambda operation: None,
     ) -> None:

@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     # reports_path. Every call to it is bounded by reports_timeout_s: a Redis that is down or slow never
     # holds up a request (server/reports_redis.py). Secret: the URL may carry Redis's password.
     reports_url: SecretStr | None = None
-    reports_timeout_s: float = Field(0.5, gt=0)
+    reports_timeout_s: float = Field(2.0, gt=0)
 
     # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
     # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe
