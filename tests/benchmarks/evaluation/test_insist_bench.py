@@ -10,7 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from faithproxy.benchmarks.evaluation.insist_bench import ATTEMPT, Flag, flags_of, measure, stop_table
+from faithproxy.benchmarks.evaluation.insist_bench import (
+    ATTEMPT,
+    Flag,
+    flags_of,
+    measure,
+    right_share_at,
+    steps_of_labelled,
+    stop_rates,
+    stop_table,
+)
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.shapesworld.export import image_sha256
 from faithproxy.shapesworld.language import ObjectClaim, render_claim
@@ -85,3 +94,22 @@ async def test_the_sampled_try_is_asked_as_the_proxy_asks_it(items: list[Any]) -
     assert measured[0].restated == 0.5  # two of four samples restate it, case aside
     assert (bodies[0]["n"], bodies[0]["seed"], bodies[0]["temperature"]) == (4, ATTEMPT * 4, 0.8)
     assert bodies[0]["messages"][0]["content"][0]["type"] == "image_url"
+
+
+def test_labelled_chains_give_every_perception_step_and_the_stop_rates_by_truth(items: list[Any]) -> None:
+    true, false = sentences(items[0])
+    record = {"id": "c", "image": image_sha256(items[0].scene), "steps": [
+        {"text": true, "kind": "perception", "faithful": True},
+        {"text": "So it is A.", "kind": "reasoning", "faithful": None},
+        {"text": false, "kind": "perception", "faithful": False},
+    ]}  # fmt: skip
+    steps = steps_of_labelled([record], items)
+    assert [(f.draft, f.true, f.prefix) for f in steps] == [(true, True, ()), (false, False, (true, "So it is A."))]
+    with pytest.raises(ValueError, match="not one of the items"):
+        steps_of_labelled([record | {"image": "x"}], items)
+    flags = [Flag("i", "s", (), True, False, False, 0, r) for r in (1.0, 0.5, 0.0, 0.0)]
+    flags += [Flag("i", "s", (), False, False, False, 0, r) for r in (1.0, 0.0)]
+    rate = stop_rates(flags, (0.5,))[0]
+    assert (rate["stop_rate_true"], rate["stop_rate_false"]) == (0.5, 0.5)
+    assert right_share_at(rate, 0.2) == 0.8  # stopping is as likely either way: the flags' own mix
+    assert right_share_at({"stop_rate_true": 0.0, "stop_rate_false": 0.0}, 0.2) is None
