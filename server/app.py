@@ -141,6 +141,7 @@ def create_app(
                 temperature=settings.regeneration_temperature,
                 max_tokens=settings.regeneration_max_tokens,
                 samples=settings.regeneration_samples,
+                insist_share=settings.regeneration_insist_share,
             ),
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),

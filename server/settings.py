@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     # Rewrites sampled per try (vLLM's `n`); of those that are neither the flagged sentence nor a
     # rejected rewrite, the one most samples agree on is checked. 1 = the paper's one sample per try.
     regeneration_samples: int = Field(8, ge=1, le=16)
+    # Early stop when the model insists (ReflectRegenerator): when at least this share of a sampled try's
+    # rewrites restate the flagged sentence, the step is kept (residual, reason `insisted`) without the
+    # other tries. None: off (how often that is right: `faithproxy bench insist`, docs/judge.md).
+    regeneration_insist_share: float | None = Field(None, gt=0.0, le=1.0)
     # Safety valve: regenerations one request may trigger before unfaithful steps pass uncorrected.
     max_regenerations_per_request: int = 16
     # Most steps sent to the detector in one call when it lags behind decoding.
