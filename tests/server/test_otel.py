@@ -173,3 +173,18 @@ def test_step_labels() -> None:
     assert otel.step_label(step(first_verdict=flag)) == "unfaithful"
     assert otel.step_label(step(unchecked_reason="budget", residual=True)) == "unchecked"
     assert otel.step_label(step(unchecked_reason="detector_none", residual=True)) is None  # nothing was checked
+
+
+def test_a_stream_span_reads_only_the_last_events() -> None:
+    """The upstream span's usage and finish reason come from the stream's last events; the chunks before
+    them are not parsed (a cut first event, or a broken one, is skipped)."""
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"abcd"},"finish_reason":null}]}\n\n'
+    finish = b'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    usage = b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":800}}\n\n'
+    tail = b'tent":"ab"}}]}\n\n' + chunk * 800 + finish + usage + b"data: [DONE]\n\n"
+    found = otel._payloads(tail, stream=True)
+    assert len(found) == 3 and found[-1]["usage"]["completion_tokens"] == 800
+    assert found[-2]["choices"][0]["finish_reason"] == "stop"
+    assert otel._payloads(b'ntent":"ab"}}]}\n\n' + finish + b"data: [DONE]", stream=True)[-1]["id"] == "c1"
+    assert otel._payloads(b'{"id":"x","usage":{}}', stream=False) == [{"id": "x", "usage": {}}]
+    assert otel._payloads(b"data: [DONE]\n\n", stream=True) == []

@@ -25,7 +25,15 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.report_page import ListedReports, render_report, step_label, view_of_trace
+from faithproxy.server.report_page import (
+    ListedReports,
+    list_row,
+    render_report,
+    report_row,
+    step_label,
+    view_of_report,
+    view_of_trace,
+)
 from faithproxy.server.reports import ReportStore
 from faithproxy.server.settings import Settings
 from faithproxy.testing import Chain, FakeUpstream, corrected_sentence, planted_sentence, threaded_app
@@ -240,3 +248,12 @@ def test_the_list_is_bounded_like_the_store() -> None:
     assert listed.max_count == 2  # the store's own attributes pass through
     now[0] = 11.0
     assert listed.recent() == []
+
+
+def test_the_list_row_of_a_report_is_the_row_of_its_view() -> None:
+    step = {"index": 0, "kind": "perception", "detected": "unfaithful", "original_text": "a", "residual": False}
+    gated = {"index": 1, "kind": "reasoning", "detected": "unknown", "unchecked_reason": "gated"}
+    summary = {"mode": "correct", "detector": "judge", "steps": [step, gated], "upr_detected": 1.0, "upr_residual": 0.0}
+    report = {"id": "r", "created": 1_760_000_000, "model": "m", "outcome": "completed", "faithfulness": summary}
+    assert report_row(report) == list_row(view_of_report(report))
+    assert report_row(report)["labels"] == ["fixed", "gated"]
