@@ -376,15 +376,30 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
 
 
 def judge_counters(text: str) -> dict[str, dict[str, float]]:
-    """The proxy's judge-bill counters: kind → judge → tokens, and "calls" → judge → calls."""
+    """The proxy's judge-bill counters: kind → judge → tokens, and "calls" → judge → calls, summed over
+    the other labels (`policy`: one series per key policy, pre-initialised at zero, so keeping the last
+    line would read a policy's zero in place of another's count)."""
     out: dict[str, dict[str, float]] = {"calls": {}}
     for line in text.splitlines():
         for name in ("faithproxy_judge_tokens_total{", "faithproxy_judge_calls_total{"):
             if line.startswith(name):
                 labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
                 kind = labels.get("kind", "calls")
-                out.setdefault(kind, {})[labels["judge"]] = float(line.rsplit(" ", 1)[1])
+                judges = out.setdefault(kind, {})
+                judges[labels["judge"]] = judges.get(labels["judge"], 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def test_judge_counters_sum_over_policies() -> None:
+    text = "\n".join(
+        [
+            'faithproxy_judge_tokens_total{judge="j",kind="input",policy="default"} 40.0',
+            'faithproxy_judge_tokens_total{judge="j",kind="input",policy="mobile"} 2.0',
+            'faithproxy_judge_tokens_total{judge="j",kind="input",policy="ops"} 0.0',
+            'faithproxy_judge_calls_total{judge="j"} 3.0',
+        ]
+    )
+    assert judge_counters(text) == {"calls": {"j": 3.0}, "input": {"j": 42.0}}
 
 
 def expected_judge_figure(expr: str, labels: dict[str, str], bill: dict[str, dict[str, float]], steps: int) -> float:
