@@ -27,16 +27,24 @@ Budget: with `judge_budget_tokens` in view.options (header X-Faithproxy-Judge-Bu
 server's FAITHPROXY_JUDGE_BUDGET_TOKENS), once the request's judge tokens (fresh input, cache
 writes and output; cache reads are free here) reach it, no further call is made: the new steps come back
 UNKNOWN with `unchecked="budget"`, and the request goes on.
+
+Confidence: a flag's P(UNFAITHFUL) from the reply's log-probabilities (judge_confidence.py). A judge
+that gives none (Anthropic) may be given `samples` n (FAITHPROXY_JUDGE_SAMPLES): a flag is then asked
+n - 1 more times with the same prompt, and the share of the n replies naming the same sentence is its
+confidence (self-consistency; it needs a judge that samples, temperature above 0). Without either the
+confidence is unknown and a flag threshold does not apply.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from faithproxy.clients.judge_base import JudgeBackend, JudgeResult
+from faithproxy.clients.judge_base import JudgeBackend, JudgeResult, UserTurn
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.judge_confidence import flag_confidence
 from faithproxy.detectors.judge_prompt import (
@@ -47,7 +55,7 @@ from faithproxy.detectors.judge_prompt import (
     parse_judge_reply,
 )
 from faithproxy.detectors.options import DetectorOption, probability, whole_number
-from faithproxy.faithcore.context import CheckResult, JudgeUsage, RequestView
+from faithproxy.faithcore.context import CheckResult, JudgeState, JudgeUsage, RequestView
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
@@ -122,11 +130,19 @@ class JudgeDetector(Detector):
         default: str,
         *,
         description_cache_size: int = 256,
+        samples: Mapping[str, int] | None = None,
     ) -> None:
         if default not in judges:
             raise ValueError(f"default judge {default!r} is not configured (have: {sorted(judges)})")
+        samples = dict(samples or {})
+        unknown = sorted(set(samples) - set(judges))
+        if unknown or any(n < 2 for n in samples.values()):
+            raise ValueError(f"judge samples: each must name a configured judge and be at least 2 (got {samples})")
         self.judges = dict(judges)
         self.default = default
+        # Self-consistency (judges without log-probabilities): a flag is asked n times in all, and the
+        # share of replies naming the same sentence is its confidence.
+        self.samples = samples
         self.descriptions = DescriptionCache(description_cache_size)
         self.usage = JudgeUsage()
 
@@ -146,7 +162,7 @@ class JudgeDetector(Detector):
     def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> JudgeDetector | None:
         if not deps.judges:
             return None  # no judge configured on this server: the name is refused per request
-        return cls(deps.judges, deps.default_judge or next(iter(deps.judges)))
+        return cls(deps.judges, deps.default_judge or next(iter(deps.judges)), samples=deps.judge_samples)
 
     def backend_for(self, view: RequestView) -> JudgeBackend:
         name = view.judge or self.default
@@ -234,9 +250,7 @@ class JudgeDetector(Detector):
         if stable:
             state.splits.update(chain_cuts(len(sentences), already_checked, splits))
         result: JudgeResult = await backend.complete(JUDGE_SYSTEM_PROMPT, blocks, list(view.images))
-        call = result.usage()
-        self.usage.add(call)
-        state.record(backend.name, call)
+        self._bill(state, backend, result)
         logger.debug(
             "judge %s: %d sentences (%d context) in %.3fs; tokens in %d, cached %d, cache-written %d, out %d",
             backend.name,
@@ -254,7 +268,39 @@ class JudgeDetector(Detector):
             state.descriptions += 1
             self.descriptions.put(key, state.description)
         confidence = flag_confidence(result.tokens) if reply.first_unfaithful is not None else None
-        return reply, result.latency_s, confidence
+        latency = result.latency_s
+        n = self.samples.get(backend.name, 1)
+        if confidence is None and reply.first_unfaithful is not None and n > 1:
+            confidence, extra = await self._agreement(view, backend, blocks, sentences, reply.first_unfaithful, n)
+            latency += extra
+        return reply, latency, confidence
+
+    def _bill(self, state: JudgeState, backend: JudgeBackend, result: JudgeResult) -> None:
+        call = result.usage()
+        self.usage.add(call)
+        state.record(backend.name, call)
+
+    async def _agreement(
+        self,
+        view: RequestView,
+        backend: JudgeBackend,
+        blocks: UserTurn,
+        sentences: list[str],
+        flagged: int,
+        n: int,
+    ) -> tuple[float, float]:
+        """Self-consistency: the same prompt asked n - 1 more times, at once; the share of all n replies
+        that name the same first unfaithful sentence (the first reply counts), and the time it took.
+        Every call is billed like any other."""
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(backend.complete(JUDGE_SYSTEM_PROMPT, blocks, list(view.images)) for _ in range(n - 1))
+        )
+        agree = 1
+        for result in results:
+            self._bill(view.judge_state, backend, result)
+            agree += parse_judge_reply(result.text, sentences).first_unfaithful == flagged
+        return agree / n, time.perf_counter() - started
 
     async def aclose(self) -> None:
         for backend in self.judges.values():

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     # free here): past it, perception steps pass unchecked with reason `budget` and the request goes on.
     # None: no limit. X-Faithproxy-Judge-Budget may lower it per request, never raise it.
     judge_budget_tokens: int | None = Field(None, ge=0)
+    # Self-consistency for judges without log-probabilities (Anthropic): judge name -> n. A flag is asked
+    # n times in all and the share of replies naming the same sentence is its confidence, to which the
+    # judge's flag_threshold applies. Costs n - 1 more calls per flag; needs a judge that samples.
+    judge_samples: dict[str, int] = Field(default_factory=dict)
     # The judge gate. False (the default): a batch in which the step typer (faithcore/kinds.py) finds no
     # perception step goes to no detector, not even to one that types steps itself (the judge); its steps
     # pass as reasoning, counted in faithproxy_gated_steps_total. True: such detectors get every batch.
