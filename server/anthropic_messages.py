@@ -10,8 +10,8 @@ block (`text_delta`), one delta per verified step in `correct`. A step's annotat
 the anthropic SDK keeps unknown fields. Errors are Anthropic's (`{"type": "error", "error": {...}}`),
 before the first byte and as an `error` event after it.
 
-`off` passes vLLM's own /v1/messages through; it goes by the router (not off mode's pure-ASGI path) so
-that its refusals too are in Anthropic's format. Tools and non-text, non-image blocks are a 400 in
+`off` passes vLLM's own /v1/messages through (server/passthrough.py, its refusals and a broken stream's
+last event in Anthropic's format too). Tools and non-text, non-image blocks are a 400 in
 `detect` and `correct`.
 """
 

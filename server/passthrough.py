@@ -1,20 +1,21 @@
 """`off` mode as pure ASGI: the client's body bytes to vLLM, vLLM's bytes back, nothing decoded.
 
 `OffModeMiddleware` sits inside the limit middleware (size, API keys, concurrency) and in front of
-FastAPI's router. A POST to /v1/chat/completions (or /v1/completions, /v1/responses) whose mode is `off` (its
-X-Faithproxy-Mode header, or the server's default when it has none) is served here: it is admitted by
-the one admission path (server/admission.py, as the router admits it: the body, the limits, every
-X-Faithproxy-* header, media URLs under the image-URL policy), then `Passthrough` forwards it to vLLM's
-endpoint of the same path. Everything else goes on to the router
-untouched (the router's own off branch, for a header value the middleware does not read as `off`,
-answers with the same `Passthrough`). What this skips is FastAPI's routing and dependency injection,
-starlette's response classes, an anyio task group per stream and httpx: most of the CPU a pass-through
-request cost (docs/benchmarks.md, issue 22).
+FastAPI's router. A POST to a door (/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages)
+whose mode is `off` (its X-Faithproxy-Mode header, or the server's default when it has none) is served
+here: it is admitted by the one admission path (server/admission.py, as the router admits it: the body,
+the limits, every X-Faithproxy-* header, media URLs under the image-URL policy), then `Passthrough`
+forwards it to vLLM's endpoint of the same path. Everything else goes on to the router untouched (the
+router's own off branch, for a header value the middleware does not read as `off`, answers with the same
+`Passthrough`). What this skips is FastAPI's routing and dependency injection, starlette's response
+classes, an anyio task group per stream and httpx: most of the CPU a pass-through request cost
+(docs/benchmarks.md, issue 22).
 
 A response is what vLLM sent, byte for byte, status and content type included, plus the
 X-Faithproxy-Request-Id and X-Faithproxy-Mode headers. A stream that breaks, stalls or ends without
-`data: [DONE]` gets a final error frame and `data: [DONE]`; an upstream that cannot be reached is an
-HTTP error. Each request is counted and traced once, like any other, by server/traces.py's
+its door's last event (`data: [DONE]`; Responses: a terminal `response.*` event; Messages: `message_stop`)
+gets a final error frame in the door's format; an upstream that cannot be reached is an HTTP error in
+the door's format. Each request is counted and traced once, like any other, by server/traces.py's
 `finish_request` (a record with no session).
 """
 
@@ -32,9 +33,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError, UpstreamErrorCode
 from faithproxy.server.admission import Admitted, BodyParser, admit, arrival, count_refused, parse_chat_body
-from faithproxy.server.door_bodies import parse_completions_body, parse_responses_body
-from faithproxy.server.errors import error_body, error_frame
-from faithproxy.server.limits import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from faithproxy.server.door_bodies import parse_completions_body, parse_messages_body, parse_responses_body
+from faithproxy.server.errors import anthropic_error, door_error_body, error_frame
+from faithproxy.server.limits import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RESPONSES_PATH
 from faithproxy.server.policy import HEADER_MODE
 from faithproxy.server.traces import RequestTrace, finish_request
 
@@ -46,7 +47,22 @@ _DOORS: dict[str, BodyParser] = {
     CHAT_PATH: parse_chat_body,
     COMPLETIONS_PATH: parse_completions_body,
     RESPONSES_PATH: parse_responses_body,
+    MESSAGES_PATH: parse_messages_body,
 }
+# How each door's event stream ends when it is complete: chat and completions with `data: [DONE]`; the
+# Responses API with a terminal response event; Anthropic's Messages with message_stop (neither of the
+# last two sends [DONE]).
+_COMPLETE = {
+    RESPONSES_PATH: (b"event: response.completed", b"event: response.incomplete", b"event: response.failed"),
+    MESSAGES_PATH: (b"event: message_stop",),
+}
+
+
+def _end_frames(path: str, exc: FaithproxyError) -> bytes:
+    """What ends a stream that broke after its first byte, in the door's format."""
+    if path == MESSAGES_PATH:  # an Anthropic `error` event (the SDK raises it); Anthropic streams have no [DONE]
+        return b"event: error\ndata: " + json.dumps(anthropic_error(exc.status_code, exc.message)).encode() + b"\n\n"
+    return error_frame(exc) + _DONE
 
 
 class Passthrough(Response):
@@ -105,7 +121,7 @@ class Passthrough(Response):
             self._finish()
 
     async def _send_error(self, send: Send, exc: FaithproxyError) -> None:
-        await _send_error(send, exc, self._headers({"content-type": "application/json"}))
+        await _send_error(send, exc, self._headers({"content-type": "application/json"}), self.path)
 
     async def _whole(self, upstream: Any, send: Send) -> None:
         try:
@@ -120,9 +136,12 @@ class Passthrough(Response):
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
     async def _stream(self, upstream: Any, receive: Receive, send: Send) -> None:
-        # vLLM ends every event stream with [DONE]: one that ends without it was cut off, and the client
-        # must hear so (an error frame, then [DONE]) rather than take a clean end for a complete answer.
+        # vLLM ends every complete event stream with its door's last event (_COMPLETE, else [DONE]): one that
+        # ends without it was cut off, and the client must hear so (the door's error frame) rather than take
+        # a clean end for a complete answer.
         headers = upstream.headers
+        markers = _COMPLETE.get(self.path)
+        complete = False
         watch_end = (
             upstream.status == 200
             and headers.get("content-type", "").startswith("text/event-stream")
@@ -141,16 +160,21 @@ class Passthrough(Response):
                 if self.ttft is None:
                     self.ttft = time.perf_counter() - self.admitted.started
                     self.state.metrics.ttft.labels("off", self.admitted.endpoint).observe(self.ttft)
+                if markers is not None and not complete:  # a marker split over two reads is in tail + data[:32]
+                    complete = any(m in data or m in tail + data[:32] for m in markers)
                 tail = data if len(data) >= 32 else (tail + data)[-32:]  # the stream's last bytes, uncopied
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-            if watch_end and not tail.rstrip().endswith(b"data: [DONE]"):
+            if markers is None:
+                complete = tail.rstrip().endswith(b"data: [DONE]")
+            if watch_end and not complete:
                 self.error = UpstreamError(
-                    "upstream stream ended without [DONE]", code=UpstreamErrorCode.STREAM_TRUNCATED
+                    "upstream stream ended before its last event", code=UpstreamErrorCode.STREAM_TRUNCATED
                 )
-                await self._send_frames(send, (b"" if tail.endswith(b"\n\n") else b"\n\n") + error_frame(self.error))
+                separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
+                await self._send_frames(send, separator + _end_frames(self.path, self.error))
         except UpstreamError as exc:  # broke or stalled mid-stream: end well-formed
             self.error = exc
-            await self._send_frames(send, error_frame(exc))
+            await self._send_frames(send, _end_frames(self.path, exc))
         except asyncio.CancelledError:
             if not self.disconnected or task.uncancel() > 0:
                 raise  # not (only) the client going away: let it through
@@ -169,7 +193,7 @@ class Passthrough(Response):
             task.cancel()
 
     async def _send_frames(self, send: Send, data: bytes) -> None:
-        await send({"type": "http.response.body", "body": data + _DONE, "more_body": True})
+        await send({"type": "http.response.body", "body": data, "more_body": True})
 
     # ---- accounting ---------------------------------------------------------------------------
 
@@ -214,14 +238,14 @@ class OffModeMiddleware:
             admitted = await admit(raw, Headers(scope=scope), state, parse, started=started, endpoint=scope["path"])
         except FaithproxyError as exc:
             count_refused(state.metrics, exc, scope["path"])
-            await _send_error(send, exc, [(b"content-type", b"application/json")])
+            await _send_error(send, exc, [(b"content-type", b"application/json")], scope["path"])
             return
         await Passthrough(state, admitted, path=scope["path"])(scope, receive, send)
 
 
-async def _send_error(send: Send, exc: FaithproxyError, headers: list[tuple[bytes, bytes]]) -> None:
-    """The error as one JSON body, before any other byte of the response."""
-    content = json.dumps(error_body(exc)).encode()
+async def _send_error(send: Send, exc: FaithproxyError, headers: list[tuple[bytes, bytes]], path: str) -> None:
+    """The error as one JSON body in the door's format, before any other byte of the response."""
+    content = json.dumps(door_error_body(path, exc)).encode()
     headers.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": content, "more_body": False})

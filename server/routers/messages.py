@@ -1,6 +1,6 @@
 """POST /v1/messages (Anthropic's Messages API): admit the request, hand it to the serving object
-(server/anthropic_messages.py); every refusal in Anthropic's error format. `off` is served here too (off
-mode's pure-ASGI path answers in OpenAI's format, so it leaves this door to the router).
+(server/anthropic_messages.py); every refusal in Anthropic's error format. `off` is mostly served by off
+mode's pure-ASGI path (server/passthrough.py), in the same format.
 """
 
 from __future__ import annotations

@@ -266,3 +266,46 @@ async def test_the_trace_record_has_the_fields_of_any_other_mode(proxy: Proxy) -
     assert (off["mode"], detect["mode"]) == ("off", "detect")
     assert off.keys() == detect.keys()
     assert off["error"] is None and off["timings"]["ttft_s"] is not None and off["stream"] is True
+
+
+# vLLM's own event streams of the other doors end with their last event and no [DONE].
+RESPONSES_STREAM = (
+    b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Red."}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","sequence_number":2}\n\n'
+)
+MESSAGES_STREAM = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"m1"}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Red."}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+DOOR_STREAMS = {
+    "/v1/responses": (RESPONSES_STREAM, {"model": "m", "input": "hi", "stream": True}),
+    "/v1/messages": (
+        MESSAGES_STREAM,
+        {"model": "m", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", DOOR_STREAMS)
+async def test_other_doors_streams_end_on_their_own_last_event(proxy: Proxy, path: str) -> None:
+    """A complete Responses or Messages stream passes untouched (no [DONE] expected, none added), even with
+    its last event split over two reads; one cut before it gets the door's error event."""
+    stream, request = DOOR_STREAMS[path]
+    split = len(stream) - 20  # inside the last event's name line
+    proxy.script.pieces = [stream[:split], stream[split:]]
+    async with httpx.AsyncClient(timeout=10) as http:
+        whole = await http.post(proxy.url + path, json=request, headers=OFF)
+        proxy.script.pieces = [stream[: stream.rindex(b"event: ")]]
+        cut = await http.post(proxy.url + path, json=request, headers=OFF)
+    assert whole.status_code == 200 and whole.content == stream
+    assert cut.content.startswith(proxy.script.pieces[0])
+    tail = cut.content[len(proxy.script.pieces[0]) :].decode()
+    if path == "/v1/messages":  # Anthropic's error event, which the anthropic SDK raises
+        assert tail.startswith("event: error\ndata: ") and "[DONE]" not in tail
+        assert json.loads(tail.split("data: ", 1)[1])["error"]["type"] == "api_error"
+    else:
+        assert json.loads(frames(tail)[0])["error"]["code"] == "stream_truncated"
+    first, second = proxy.records()
+    assert first["error"] is None and second["error"]["code"] == "stream_truncated"
