@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -81,6 +82,10 @@ class RedisReportStore:
         max_pending: int = 1000,
         on_error: Callable[[str], None] = lambda operation: None,
     ) -> None:
+        try:  # a wrong URL stops the start, not the first request's report
+            parse_url(url)
+        except ValueError as e:
+            raise ValueError(f"FAITHPROXY_REPORTS_URL is not a Redis URL: {e}") from None
         self.url = url
         self.max_count = max_count
         self.max_age_s = max_age_s

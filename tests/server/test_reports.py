@@ -343,6 +343,12 @@ async def test_a_hung_redis_holds_up_neither_a_write_nor_a_lookup_beyond_the_tim
         await store.aclose()
 
 
+@pytest.mark.parametrize("url", ["http://redis:6379", "redis://redis:port/0"])
+def test_a_url_that_is_no_redis_url_stops_the_start(url: str) -> None:
+    with pytest.raises(ValueError, match="FAITHPROXY_REPORTS_URL is not a Redis URL"):
+        create_app(Settings(upstream_url="http://vllm.test", reports_url=url))
+
+
 @pytest.mark.parametrize("mode", ["correct", "detect"])
 async def test_through_the_proxy_reports_go_to_redis_and_a_lookup_without_it_is_a_503(
     tmp_path: Path, redis_server: RedisServer, redis_url: str, mode: str
