@@ -17,7 +17,8 @@ The middleware is pure ASGI (starlette's BaseHTTPMiddleware would buffer streams
 contextvars). check_body runs in server/admission.py, the one admission path of every door and mode.
 A request takes its concurrency slot once its whole body has arrived (a slow upload holds none;
 server/connections.py bounds how long it may take), and a stream holds the slot until its last byte
-is sent, because the inner app returns only then. Images fetched for judges have their own size and time limits
+is sent, because the inner app returns only then, or until its client leaves, which cancels the request
+(server/client_gone.py). Images fetched for judges have their own size and time limits
 (clients/image_fetch.py).
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
+from faithproxy.server.client_gone import serve_while_connected
 from faithproxy.server.errors import send_error
 from faithproxy.server.media_parts import media_parts
 from faithproxy.server.settings import Settings
@@ -120,17 +122,18 @@ class ConcurrencyLimitMiddleware:
             return
         if body is None:
             return  # the client left (or timed out) before its body was in: no one to answer
-        receive = replay(body, receive)
         client = client_key(scope) if self.per_client is not None else None
         error = self._refusal(client)
         if error is not None:
-            await send_error(scope, receive, send, error, headers={"retry-after": str(self.retry_after_s)})
+            headers = {"retry-after": str(self.retry_after_s)}
+            await send_error(scope, replay(body, receive), send, error, headers=headers)
             return
         self.active += 1
         if client is not None:
             self.by_client[client] += 1
         try:
-            await self.app(scope, receive, send)
+            # a client that leaves before its answer is complete cancels the work (server/client_gone.py)
+            await serve_while_connected(self.app, scope, body, receive, send)
         finally:
             self.active -= 1
             if client is not None:

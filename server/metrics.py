@@ -241,6 +241,12 @@ class Metrics:
         )
         for door in INTERNAL_ERROR_DOORS:
             self.internal_errors.labels(door)
+        self.abandoned_requests = Counter(
+            "faithproxy_abandoned_requests_total",
+            "Requests whose client left before the answer was complete: their work was cancelled "
+            "(server/client_gone.py), streamed or not.",
+            registry=registry,
+        )
         self.cascade_decisions = Counter(
             "faithproxy_cascade_decisions_total",
             "Perception steps the cascade detector decided, by the stage that decided them.",
