@@ -189,6 +189,7 @@ class MessagesServing(ChatServing):
     out, errors in Anthropic's format. `self.body` is the chat body; `self.request` the client's."""
 
     object_id_prefix = "msg"
+    done_frame = b""  # a Messages stream ends on message_stop (or an error event), with no [DONE]
 
     async def respond(self) -> Response:
         if self.policy.mode == "off":

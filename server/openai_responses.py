@@ -261,6 +261,7 @@ class ResponsesServing(ChatServing):
     events out. `self.body` is the chat body the session drives vLLM with; `self.request` the client's."""
 
     object_id_prefix = "resp"
+    done_frame = b""  # a Responses stream ends on its terminal event, with no [DONE] (as vLLM's own)
 
     async def respond(self) -> Response:
         if self.policy.mode == "off":

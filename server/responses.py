@@ -41,6 +41,7 @@ class ChatServing:
 
     wire = CHAT_WIRE  # the rounds' path, body and wire reader (server/session.py)
     object_id_prefix = "chatcmpl"
+    done_frame = DONE  # what ends a stream: `data: [DONE]` on OpenAI's chat and completions APIs
 
     def __init__(self, state: AppState, admitted: Admitted) -> None:
         self.state = state
@@ -165,11 +166,11 @@ class ChatServing:
             stream_options = self.body.get("stream_options") or {}
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
                 yield frame({**chunks.usage_chunk(dict(self.session.result().usage)), **self._judge_usage()})
-            yield DONE
+            yield self.done_frame
         except FaithproxyError as exc:
             self.error = exc
             yield self._error_frame(exc)
-            yield DONE
+            yield self.done_frame
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnected = True
             self.state.metrics.client_disconnects.inc()
@@ -178,7 +179,7 @@ class ChatServing:
             log.exception("internal error in stream %s", self.request_id)
             self.error = FaithproxyError(f"internal error: {type(exc).__name__}")
             yield self._error_frame(self.error)
-            yield DONE
+            yield self.done_frame
         finally:
             await _aclose(events)
             self._finish()

@@ -180,3 +180,5 @@ async def test_every_door_carries_the_bill_beside_usage(tmp_path: Path, path: st
     assert {k: body["faithfulness"]["judge"][k] for k in bill} == bill
     assert whole.headers["x-faithproxy-judge-usage"] == ", ".join(f"{k}={v}" for k, v in bill.items())
     assert streamed_bill(path, streamed.text)["calls"] == p.judge.requests - calls >= 1
+    # each stream ends as its API's does: [DONE] on completions; the last event on the other two
+    assert streamed.text.rstrip().endswith("data: [DONE]") == (path == "/v1/completions")
