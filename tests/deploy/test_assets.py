@@ -38,6 +38,7 @@ REQUIRED_PANELS = (
     "Judge tokens per perception step",
     "Judge prompt-cache hit share",
     "Judge calls per perception step",
+    "Unsure share",
 )
 
 

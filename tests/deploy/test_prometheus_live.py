@@ -74,6 +74,8 @@ class Sent:
     corrected: bool = False
     stream: bool = True
     judge_mode: str = "ok"  # the local judge's fault mode while this request runs
+    unsure: int = 0  # perception steps delivered unsure (a flag under the request's threshold)
+    flag_confidence: float | None = None  # the local judge's P(UNFAITHFUL) in its logprobs, while it runs
 
     @property
     def perception(self) -> int:
@@ -101,16 +103,26 @@ TRAFFIC = (
         "red_circle", {}, "judge", residual={"unchecked": P_RED}, unchecked={"detector_error": P_RED}, judge_mode="500"
     ),
     Sent("green_circle", {"X-Faithproxy-Mode": "off"}, None),
+    # the OpenAI-protocol judge shows P(UNFAITHFUL) 0.6 in its logprobs, under the request's 0.9: the
+    # planted step is delivered unsure, not rewritten, not counted as detected
+    Sent(
+        "red_circle",
+        {"X-Faithproxy-Judge": "qwen", "X-Faithproxy-Flag-Threshold": "0.9"},
+        "judge",
+        unsure=1,
+        flag_confidence=0.6,
+    ),
 )
 COUNTED = [s for s in TRAFFIC if s.detector is not None]
 
 # Alerts the traffic must raise (pending: their `for` is minutes), by the thresholds in
-# deploy/prometheus/rules/faithproxy-alerts.yml. judge: residual 5/18 > 5%, detected 4/18 > 20%;
-# unchecked share without detector "none": 3/24 > 10%. FaithproxyDetectorErrors depends on how many
+# deploy/prometheus/rules/faithproxy-alerts.yml. judge: residual 5/21 > 5%; detected 4/21 is under
+# 20% since the unsure request (it was 4/18 before that request was added), so FaithproxyDetectedUPRHigh
+# must stay quiet; unchecked share without detector "none": 3/27 > 10%.
+# FaithproxyDetectorErrors depends on how many
 # calls the judge got (batching varies), so it is expected exactly when the proxy's own counters say so.
 EXPECTED_ALERTS = {
     ("FaithproxyResidualUPRHigh", "judge"),
-    ("FaithproxyDetectedUPRHigh", "judge"),
     ("FaithproxyUncheckedStepsHigh", ""),
 }
 DETECTOR_ERROR_THRESHOLD = 0.05
@@ -120,10 +132,13 @@ DETECTOR_ERROR_THRESHOLD = 0.05
 
 
 def quantity(expr: str) -> str | None:
-    """Which known ratio an expression computes: detected, residual, unchecked; None: not a known one."""
+    """Which known ratio an expression computes: detected, residual, unchecked, unsure; None: not a
+    known one."""
     numerator, slash, denominator = expr.partition(" / ")
     if not slash or "perception" not in denominator:
         return None
+    if 'verdict="unsure"' in numerator or "unsure_perception" in numerator:
+        return "unsure"
     if "residual" in numerator:
         return "residual"
     if "unchecked" in numerator:
@@ -142,6 +157,8 @@ def expected_ratio(kind: str, labels: dict[str, str], model: str, expr: str) -> 
     reason = labels.get("reason")
     if kind == "detected":
         numerator = sum(s.detected for s in rows)
+    elif kind == "unsure":
+        numerator = sum(s.unsure for s in rows)
     else:
         counts = [s.residual if kind == "residual" else s.unchecked for s in rows]
         skip = {"detector_none"} if 'reason!="detector_none"' in expr else set()
@@ -221,6 +238,7 @@ async def send(stack: Stack, sent: Sent) -> dict[str, Any]:
         "temperature": 0.0,
     }
     stack.judge_app.state.judge.mode = sent.judge_mode
+    stack.judge_app.state.judge.flag_confidence = sent.flag_confidence
     try:
         if not sent.stream:
             return summary_of(await stack.client.chat.completions.create(**body, extra_headers=sent.headers), [])
@@ -230,6 +248,7 @@ async def send(stack: Stack, sent: Sent) -> dict[str, Any]:
         return summary_of(None, chunks) if sent.detector else {}
     finally:
         stack.judge_app.state.judge.mode = "ok"
+        stack.judge_app.state.judge.flag_confidence = None
 
 
 # ---- the test --------------------------------------------------------------------------------------
@@ -299,8 +318,10 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
     for q in queries:
         await evaluate(f"{q.panel} [{q.ref}]", assets.substitute(q.expr, rate_interval="1m", range_=covering))
     # 2. the UPR and unchecked-share panels over a window covering the test: exactly the known figures
-    known = [q for q in queries if ("UPR" in q.panel or "nchecked" in q.panel) and quantity(q.expr)]
-    assert len(known) >= 8
+    known = [
+        q for q in queries if ("UPR" in q.panel or "nchecked" in q.panel or "nsure" in q.panel) and quantity(q.expr)
+    ]
+    assert len(known) >= 8 and sum(quantity(q.expr) == "unsure" for q in known) == 2
     for q in known:
         expr = assets.substitute(q.expr, rate_interval=covering, range_=covering)
         kind = quantity(q.expr)
@@ -350,7 +371,8 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
             continue
         result = await evaluate(where, rule.expr)
         recorded = await evaluate(f"{where} (recorded)", rule.name)
-        kind = quantity(rule.expr) if ("upr_" in rule.name or "unchecked_share" in rule.name) else None
+        shares = ("upr_", "unchecked_share", "unsure_share")
+        kind = quantity(rule.expr) if any(part in rule.name for part in shares) else None
         if kind:
             compare(where, kind, rule.expr, result)
             compare(f"{where} (recorded)", kind, rule.expr, recorded)
