@@ -68,6 +68,11 @@ async def test_completions_door_in_every_mode(proxy: tuple[AsyncOpenAI, AsyncOpe
             assert (last.model_extra or {})["faithfulness"]["mode"] == mode
 
 
+def chat_verdicts_of(reply: Any) -> list[dict[str, Any]]:
+    """The `faithfulness.steps` of a Responses object or an Anthropic message."""
+    return list((reply.model_extra or {})["faithfulness"]["steps"])
+
+
 def responses_input(fixture: str) -> list[dict[str, Any]]:
     f = spec.get(fixture)
     parts = [{"type": "input_image", "image_url": spec.data_url(fixture)}, {"type": "input_text", "text": f.question}]
@@ -93,10 +98,20 @@ async def test_responses_door_corrects_like_chat(stack: Stack) -> None:
     assert "".join(deltas) == final.output_text == spec.corrected_chain_text(f)
     assert "The circle is blue." not in "".join(deltas)
 
-    detect = await stack.client.responses.create(
-        **ask, temperature=0.0, extra_headers={**headers, "X-Faithproxy-Mode": "detect"}
-    )
+    detect_headers = {**headers, "X-Faithproxy-Mode": "detect"}
+    detect = await stack.client.responses.create(**ask, temperature=0.0, extra_headers=detect_headers)
     assert detect.output_text == spec.chain_text(f)  # detect rewrites nothing
+    async with stack.client.responses.stream(**ask, temperature=0.0, extra_headers=detect_headers) as stream:
+        events = [e async for e in stream]
+        final = await stream.get_final_response()
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == spec.chain_text(f)
+    verdict_events = [e for e in events if e.type == "response.faithfulness.verdicts"]
+    flagged = [v for e in verdict_events for v in (e.model_extra or {})["faithfulness"]["verdicts"]]
+    assert (
+        [v["index"] for v in flagged if v["detected"] == "unfaithful"]
+        == [s["index"] for s in chat_verdicts_of(final) if s["detected"] == "unfaithful"]
+        != []
+    )
 
 
 async def test_messages_door_corrects_like_chat(stack: Stack) -> None:
@@ -125,24 +140,51 @@ async def test_messages_door_corrects_like_chat(stack: Stack) -> None:
     async with sdk.messages.stream(**ask, extra_headers=headers) as stream:
         text = "".join([t async for t in stream.text_stream])
         final = await stream.get_final_message()
-    await sdk.close()
     assert text == final.content[-1].text == spec.corrected_chain_text(f)  # type: ignore[union-attr]
     assert "The circle is blue." not in text
 
+    # detect: the model's own chain, the planted step flagged where chat flags it, streamed and not
+    detect_headers = {**headers, "X-Faithproxy-Mode": "detect"}
+    detect = await sdk.messages.create(**ask, extra_headers=detect_headers)
+    streamed, summary = "", {}
+    async with sdk.messages.stream(**ask, extra_headers=detect_headers) as stream:
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                streamed += event.delta.text
+            elif event.type == "message_delta":  # the summary rides on it (the SDK's final message drops it)
+                summary = (event.model_extra or {})["faithfulness"]
+    await sdk.close()
+    assert detect.content[-1].text == streamed == spec.chain_text(f)  # type: ignore[union-attr]
+    for steps_of in (chat_verdicts_of(detect), summary["steps"]):
+        flags = [s["index"] for s in steps_of if s["detected"] == "unfaithful"]
+        assert flags == [s["index"] for s in chat_steps if s["detected"] == "unfaithful"] != []
+
 
 async def test_off_mode_passes_vllm_responses_and_messages_through(stack: Stack) -> None:
-    """`off` on the Responses and Messages doors is vLLM's own endpoint: the model's chain, uncorrected."""
+    """`off` on the Responses and Messages doors is vLLM's own endpoint: the model's chain, uncorrected,
+    streamed and not, equal to what vLLM answers without the proxy."""
     f = spec.get("red_circle")
     off = {"X-Faithproxy-Mode": "off"}
     ask: dict[str, Any] = {"model": stack.model, "input": responses_input("red_circle"), "max_output_tokens": 200}
     response = await stack.client.responses.create(**ask, temperature=0.0, extra_headers=off)
     assert response.output_text.strip().endswith(spec.chain_text(f).strip()[-20:])
+    async with stack.client.responses.stream(**ask, temperature=0.0, extra_headers=off) as stream:
+        deltas = "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+        final = await stream.get_final_response()
+    assert deltas == final.output_text == response.output_text
     sdk = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0, timeout=120)
-    message = await sdk.messages.create(
-        model=stack.model,
-        max_tokens=200,
-        messages=[{"role": "user", "content": f.question}],
-        extra_headers=off,
-    )
+    direct = anthropic.AsyncAnthropic(base_url=stack.vllm_url, api_key="unused", max_retries=0, timeout=120)
+    ask_messages: dict[str, Any] = {
+        "model": stack.model,
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": f.question}],
+        "extra_body": {"temperature": 0.0},
+    }
+    message = await sdk.messages.create(**ask_messages, extra_headers=off)
+    reference = await direct.messages.create(**ask_messages)
+    async with sdk.messages.stream(**ask_messages, extra_headers=off) as stream:
+        text = "".join([t async for t in stream.text_stream])
     await sdk.close()
+    await direct.close()
     assert message.content and message.content[-1].type == "text"
+    assert message.content[-1].text == reference.content[-1].text == text  # type: ignore[union-attr]
