@@ -56,6 +56,11 @@ from faithproxy.server.reader import RoundReader
 from faithproxy.server.settings import Settings
 from faithproxy.server.step_metrics import count_step
 
+# Waits before resume attempt 1, 2, 3, ... (the last one repeats): a router needs a moment to notice a dead
+# replica (vLLM's router, checking health every second: docs/replicas.md), and a resume round sent at
+# once would be hashed to it again and refused.
+RESUME_BACKOFF_S = (0.5, 1.0, 2.0)
+
 __all__ = ["CHAT_WIRE", "ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "RoundWire"]
 
 
@@ -182,10 +187,8 @@ class ChainSession:
                     core.receive(await self._regenerate(action))
                 elif isinstance(action, Fail):
                     raise action.error
-                elif isinstance(action, Tried):
-                    self.metrics.regeneration_attempts.labels(action.outcome).inc()
-                elif isinstance(action, Resumed):
-                    self.metrics.upstream_resumes.labels(action.outcome).inc()
+                elif isinstance(action, Tried | Resumed):
+                    await self._note(action)
                 elif self._deliver(action):
                     yield action
                     if isinstance(action, EmitEnd):
@@ -195,6 +198,15 @@ class ChainSession:
                 await _cancel(task)
             if checker is not None:
                 await _cancel(checker)
+
+    async def _note(self, action: Tried | Resumed) -> None:
+        """Counts a regeneration try or an upstream break; a resume waits before its round starts."""
+        if isinstance(action, Tried):
+            self.metrics.regeneration_attempts.labels(action.outcome).inc()
+            return
+        self.metrics.upstream_resumes.labels(action.outcome).inc()
+        if action.outcome == "resumed":
+            await asyncio.sleep(RESUME_BACKOFF_S[min(action.attempt, len(RESUME_BACKOFF_S)) - 1])
 
     def _wake(self) -> None:
         self._wakeup.set()
