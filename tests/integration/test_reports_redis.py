@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +104,11 @@ def body(fixture: str, model: str) -> dict[str, Any]:
 
 async def send(http: httpx.AsyncClient, replicas: Replicas, count: int) -> list[httpx.Response]:
     """`count` verified requests through the first replica, CONCURRENCY at a time: detect, and every
-    fifth one correct (rewrites: more upstream calls, a longer report)."""
+    tenth one correct (its planted step rewritten: more upstream calls, a longer report)."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(n: int) -> httpx.Response:
-        mode = "correct" if n % 5 == 0 else "detect"
+        mode = "correct" if n % 10 == 0 else "detect"
         async with gate:
             return await http.post(
                 f"{replicas.first}/v1/chat/completions",
@@ -148,7 +149,9 @@ async def test_reports_written_by_one_replica_are_read_through_the_other_and_red
 ) -> None:
     async with httpx.AsyncClient(timeout=120) as http:
         # 1. Redis up: every report of the first replica's requests is read through the second.
+        started = time.monotonic()
         served = await send(http, replicas, REQUESTS)
+        print(f"{REQUESTS} verified requests through one replica: {time.monotonic() - started:.1f} s")
         found = await lookups(http, replicas.second, served)
         assert [r.status_code for r in found] == [200] * REQUESTS, replicas.logs()
         for response, report in zip(served, found, strict=True):
@@ -159,20 +162,20 @@ async def test_reports_written_by_one_replica_are_read_through_the_other_and_red
 
         # 2. Redis stopped: requests still succeed, lookups answer 503 (not 404), failures are counted.
         replicas.redis.stop()
-        during = await send(http, replicas, 10)
-        unavailable = await lookups(http, replicas.second, [*served[:5], *during])
-        assert [r.status_code for r in unavailable] == [503] * 15
+        during = await send(http, replicas, CONCURRENCY)
+        unavailable = await lookups(http, replicas.second, [*served[:4], *during])
+        assert [r.status_code for r in unavailable] == [503] * (4 + CONCURRENCY)
         assert {r.json()["error"]["code"] for r in unavailable} == {"reports_unavailable"}
-        assert await errors(http, replicas.first) == {"write": 10, "read": 0}
-        assert await errors(http, replicas.second) == {"write": 0, "read": 15}
+        assert await errors(http, replicas.first) == {"write": CONCURRENCY, "read": 0}
+        assert await errors(http, replicas.second) == {"write": 0, "read": 4 + CONCURRENCY}
 
         # 3. Redis back (empty, like a cache node that restarted): the same processes use it again.
         replicas.redis.start()
-        after = await send(http, replicas, 10)
+        after = await send(http, replicas, CONCURRENCY)
         again = await lookups(http, replicas.second, after)
-        assert [r.status_code for r in again] == [200] * 10
+        assert [r.status_code for r in again] == [200] * CONCURRENCY
         assert [r.json()["id"] for r in again] == [r.headers["x-faithproxy-request-id"] for r in after]
         lost = await lookups(http, replicas.second, served[:1])
         assert lost[0].status_code == 404  # written before the restart: gone with Redis's memory
-        assert await errors(http, replicas.first) == {"write": 10, "read": 0}
-        assert await errors(http, replicas.second) == {"write": 0, "read": 15}
+        assert await errors(http, replicas.first) == {"write": CONCURRENCY, "read": 0}
+        assert await errors(http, replicas.second) == {"write": 0, "read": 4 + CONCURRENCY}
