@@ -9,6 +9,7 @@ bash scripts/install_redis.sh  # Debian's redis-server, for the shared-reports t
 bash scripts/install_litellm.sh  # LiteLLM's proxy in .venv-litellm, for tests/integration/test_behind_litellm.py
 bash scripts/install_router.sh  # vllm-router in .venv-router, for tests/integration/test_replicas.py
 bash scripts/install_chromium.sh  # Debian's chromium + chromium-driver, for tests/server/test_report_page.py
+bash scripts/install_phoenix.sh  # Arize Phoenix in .venv-phoenix, for tests/integration/test_phoenix.py
 bash scripts/build_fixture_model.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest "$@"
