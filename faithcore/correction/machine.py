@@ -70,6 +70,8 @@ Item = Step | TrailingRaw | Extras
 # [DONE]), or it fell silent past the idle limit. Not a bad request, not a malformed chunk: those would
 # fail the same way again.
 _BREAKS = frozenset({UpstreamErrorCode.STREAM_BROKEN, UpstreamErrorCode.STREAM_TRUNCATED, UpstreamErrorCode.STALLED})
+# What a router answers for a backend it cannot reach (vLLM itself answers 500 for its own errors)
+_GATEWAY_STATUSES = frozenset({502, 503, 504})
 
 
 @dataclass
@@ -547,9 +549,11 @@ class CorrectionCore:
         already sent the round's text as it came: the new round continues from exactly that text, through
         the same step parser, so the cut sentence is completed and checked as one step.
 
+        A round refused before its first byte (unreachable, 502/503/504: a router whose replica just
+        died) is sent again the same way, the first round included (the client has nothing yet).
+
         At most `resume_attempts` per request; False (the request fails as before) when the failure is
-        not a break, when none is left, and for a round that broke before it sent a token (nothing to
-        continue: the request's own error), unless that round was itself a resume."""
+        neither, and when none is left."""
         if not self._resumable(failure.error):
             return False
         if self._resumes >= self.rules.resume_attempts:
@@ -560,6 +564,9 @@ class CorrectionCore:
         self._out.append(Resumed(self._resumes, "resumed", failure.error))
         if self._detect:
             self._resume_detect()
+        elif not self._steps and not any(self._accepted_raw.values()):
+            self._drop_round()  # nothing accepted yet: the first round again, as the client sent it
+            self._start_round(StartRound())
         else:
             self._drop_round()
             self._continue()
@@ -567,15 +574,14 @@ class CorrectionCore:
         return True
 
     def _resumable(self, error: BaseException) -> bool:
-        """A break of a round that produced text; for a resume round also a refused connection or a 5xx
-        (a router that has not yet noticed the dead replica), which a later attempt may get past."""
+        """A break of a round that produced text (or of a resume round), and any round refused before its
+        first byte by an unreachable upstream or a gateway error: a router that has not yet noticed a
+        dead replica answers so, and a later attempt gets past it."""
         if not isinstance(error, UpstreamError):
             return False
-        if self._resuming:
-            if isinstance(error, UpstreamStatusError):
-                return error.status_code >= 500
-            return error.code in _BREAKS or error.code == UpstreamErrorCode.CONNECT
-        return error.code in _BREAKS and self._deltas > 0
+        if self._deltas == 0 and _refused(error):
+            return True
+        return error.code in _BREAKS and (self._deltas > 0 or self._resuming)
 
     def _resume_detect(self) -> None:
         parser = self._parser
@@ -646,6 +652,12 @@ class CorrectionCore:
     def _fail(self, error: BaseException) -> None:
         self.phase = advance(self.phase, Trigger.FINISH)
         self._out.append(Fail(error))
+
+
+def _refused(error: UpstreamError) -> bool:
+    if isinstance(error, UpstreamStatusError):
+        return error.status_code in _GATEWAY_STATUSES
+    return error.code == UpstreamErrorCode.CONNECT
 
 
 def _flagged(step: Step) -> bool:

@@ -171,6 +171,30 @@ CORRECT = [
 ]
 
 
+CORRECT += [
+    Case(
+        # a router whose replica just died refuses the first round before any byte: it goes out again,
+        # as the client sent it (nothing was accepted yet)
+        "a-first-round-refused-by-a-gateway-goes-out-again",
+        [refused(503), (p("Box A."), end()), verdicts("F")],
+        ["start", "resumed #1 resumed", "drop", "start", "check Box A.", "step Box A.", "end stop"],
+        [("Box A.", "faithful/faithful")],
+    ),
+    Case(
+        "an-unreachable-upstream-is-tried-until-the-attempts-run-out",
+        [failed("connect"), failed("connect"), failed("connect")],
+        ["start", "resumed #1 resumed", "drop", "start", "resumed #2 resumed", "drop", "start",
+         "resumed #3 exhausted", "fail UpstreamError"],  # fmt: skip
+    ),
+    Case(
+        # vLLM's own 500 is no gateway refusing: it would fail the same way again
+        "a-500-of-the-first-round-fails",
+        [refused(500)],
+        ["start", "fail UpstreamStatusError"],
+    ),
+]
+
+
 @pytest.mark.parametrize("case", [c.param() for c in CORRECT])
 def test_correct_mode_resumes(case: Case) -> None:
     played = play(case.script, **{"resume_attempts": 2, **case.rules})
