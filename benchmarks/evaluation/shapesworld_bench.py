@@ -199,8 +199,14 @@ async def run_all(
     probe_path: Path | None = None,
     hidden_layers: Sequence[int] | None = None,
     cascade: tuple[float, float] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Vanilla replies, then each row's corrected replies through a fresh proxy.
+
+    Each part is saved in `workdir` as it finishes (`raw-vanilla.json`, `raw-<row>.json`: the replies,
+    the wall time and the row's traces, with the item ids). With `resume`, parts saved there for the same
+    items are read back instead of run again, so a long run that was stopped goes on from its last
+    finished row (a row's wall time still compares with the vanilla pass of the run that made it).
 
     `detectors`: row names (`shapesworld_rows.parse_row`). `judge_url`: the learned judge's vLLM (its
     root URL), needed by rows that ask the learned judge. Rows that read hidden states need
@@ -219,10 +225,14 @@ async def run_all(
     if hidden and (capture_url is None or probe_path is None or not hidden_layers):
         raise ValueError("rows reading hidden states need a capturing vLLM, a probe file and its layers")
     servers = [url for url in (vllm_url, judge_url, capture_url) if url]
-    await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
-    started = time.monotonic()
-    vanilla = await vanilla_replies(f"{vllm_url}/v1", items, concurrency)
-    result: dict[str, Any] = {"vanilla_replies": vanilla, "vanilla_wall_s": time.monotonic() - started, "traces": {}}
+    ids = [item.id for item in items]
+    saved = load_part(workdir, "vanilla", ids) if resume else None
+    if saved is None:
+        await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
+        started = time.monotonic()
+        replies = await vanilla_replies(f"{vllm_url}/v1", items, concurrency)
+        saved = save_part(workdir, "vanilla", ids, {"replies": replies, "wall_s": time.monotonic() - started})
+    result: dict[str, Any] = {"vanilla_replies": saved["replies"], "vanilla_wall_s": saved["wall_s"], "traces": {}}
     async with AsyncExitStack() as stack:
         pixel_url = await stack.enter_async_context(running_judge_server(create_judge_app(PixelJudge())))
         router = create_router(vllm_url, capture_url) if hidden and capture_url else None
@@ -240,6 +250,11 @@ async def run_all(
         if cascade is not None:
             options |= {"cascade_low": cascade[0], "cascade_high": cascade[1]}
         for row in rows:
+            done = load_part(workdir, row.name, ids) if resume else None
+            if done is not None:
+                result[row.name] = done["row"]
+                result["traces"] |= done["traces"]
+                continue
             traces_path = workdir / f"traces-{row.name.replace(':', '-')}.jsonl"
             traces_path.unlink(missing_ok=True)
             upstream, extra = vllm_url, {}
@@ -265,8 +280,30 @@ async def run_all(
             if upstream == router_url and router is not None:
                 after = routed_counts(router)
                 result[row.name]["generator_requests"] = {k: after[k] - before.get(k, 0) for k in after}
-            result["traces"] |= read_traces(traces_path)
+            row_traces = read_traces(traces_path)
+            result["traces"] |= row_traces
+            save_part(workdir, row.name, ids, {"row": result[row.name], "traces": row_traces})
     return result
+
+
+def _part_path(workdir: Path, name: str) -> Path:
+    return workdir / f"raw-{name.replace(':', '-')}.json"
+
+
+def save_part(workdir: Path, name: str, ids: Sequence[str], part: dict[str, Any]) -> dict[str, Any]:
+    """A finished part of a run (vanilla or a row), kept in the workdir for `resume`; returns `part`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    _part_path(workdir, name).write_text(json.dumps({"items": list(ids), **part}), encoding="utf-8")
+    return part
+
+
+def load_part(workdir: Path, name: str, ids: Sequence[str]) -> dict[str, Any] | None:
+    """A part saved by an earlier run over the same items; None when there is none (or other items)."""
+    path = _part_path(workdir, name)
+    if not path.is_file():
+        return None
+    part = json.loads(path.read_text(encoding="utf-8"))
+    return part if part.get("items") == list(ids) else None
 
 
 def model_record(model_dir: Path) -> dict[str, Any]:
@@ -319,6 +356,7 @@ def benchmark(
     probe_path: Path | None = None,
     hidden_layers: Sequence[int] | None = None,
     cascade: tuple[float, float] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     from faithproxy.clients.hidden_states import server_args
     from faithproxy.server.settings import Settings
@@ -365,6 +403,7 @@ def benchmark(
                 probe_path=probe_path,
                 hidden_layers=hidden_layers,
                 cascade=cascade,
+                resume=resume,
             )  # fmt: skip
         )
     vanilla = chain_scores(items, raw["vanilla_replies"]) | {"wall_s": round(raw["vanilla_wall_s"], 1)}
@@ -443,6 +482,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="first item of the seed (a multiple of 5): e.g. validation-seed chains no probe was trained on",
     )
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-shapesworld"), help="logs and traces")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the vanilla pass and the rows an earlier run over the same items finished in --workdir",
+    )
     parser.add_argument("--out", type=Path, help="result JSON (a Markdown report goes next to it)")
     parser.add_argument("--labelled-dir", type=Path, help="write labelled chains (JSONL) per configuration here")
     parser.add_argument(
@@ -544,6 +588,7 @@ def main(args: argparse.Namespace) -> int:
         probe_path=probe_path,
         hidden_layers=layers,
         cascade=(low, high),
+        resume=args.resume,
     )
     labelled = result.pop("labelled")
     result["left_out"] = left_out

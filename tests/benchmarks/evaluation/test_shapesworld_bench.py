@@ -384,3 +384,19 @@ def test_items_can_start_past_the_chains_a_probe_was_trained_on() -> None:
     later = heldout_items(5, 997, start=1600)
     assert [i.id.split("-")[2] for i in later] == ["1600", "1601", "1602", "1603", "1604"]
     assert later[0].id == heldout_items(1601, 997)[1600].id
+
+
+async def test_a_stopped_run_resumes_from_the_parts_it_saved(tmp_path: Path) -> None:
+    """Every finished part (vanilla, each row) is saved in the workdir; with resume, parts saved for the
+    same items are read back and nothing is asked of vLLM (here nothing listens at its URL)."""
+    items = heldout_items(2)
+    ids = [i.id for i in items]
+    bench.save_part(tmp_path, "vanilla", ids, {"replies": ["a", "b"], "wall_s": 3.0})
+    row = {"replies": [["x", "r1", {}], ["y", "r2", {}]], "wall_s": 9.0, "prefix_caches_reset": True}
+    bench.save_part(tmp_path, "judge:pixels@0.5", ids, {"row": row, "traces": {"r1": {"id": "r1"}, "r2": {"id": "r2"}}})
+    raw = await bench.run_all("http://127.0.0.1:9", items, ["judge:pixels@0.5"], 2, tmp_path, 3, resume=True)
+    assert raw["vanilla_replies"] == ["a", "b"] and raw["vanilla_wall_s"] == 3.0
+    assert raw["judge:pixels@0.5"] == row and set(raw["traces"]) == {"r1", "r2"}
+    assert (tmp_path / "raw-judge-pixels@0.5.json").is_file()
+    assert bench.load_part(tmp_path, "vanilla", ids[::-1]) is None  # saved for other items: not reused
+    assert bench.load_part(tmp_path, "prompt", ids) is None
