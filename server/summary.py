@@ -93,6 +93,8 @@ def trace_steps(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "detected": s.first_verdict.faithfulness.value if s.first_verdict else None,
                 "score": s.first_verdict.score if s.first_verdict else None,
                 "confidence": s.first_verdict.confidence if s.first_verdict else None,
+                # why the detector flagged (or passed) the original text: the judge's reason, for a reader
+                "reason": s.first_verdict.reason if s.first_verdict else None,
                 "attempts": s.attempts,
                 "rejected": list(s.rejected),
                 "residual": s.residual,

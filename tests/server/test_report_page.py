@@ -172,6 +172,7 @@ def test_pages_of_real_verified_requests_in_chromium(chromium: Any, tmp_path: Pa
     chromium.get((out / f"{ids['fixed']}.html").as_uri())
     (fixed,) = _steps(chromium)["fixed"]
     assert fixed.find_element(By.CSS_SELECTOR, "del.original").text == planted_sentence(*FIXED)
+    assert fixed.find_element(By.CLASS_NAME, "reason").text.startswith("Judge's reason: ")  # the trace keeps it
     assert "duration_s" in chromium.find_element(By.ID, "timings").text
     chromium.save_screenshot(str(tmp_path / "report_page.png"))
     _not_blank((tmp_path / "report_page.png").read_bytes())
