@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from faithproxy.benchmarks.performance.replica_stack import ROUTER_HEALTH_ARGS
 from faithproxy.server.settings import Settings
 from tests.deploy import assets
 
@@ -89,6 +90,9 @@ def test_the_router_routes_to_both_vllm_replicas_and_the_proxies_to_the_router(e
     replicas = _answering(enabled, "vllm")
     assert sorted(flags["--worker-urls"]) == [f"http://{name}:8000" for name in replicas]
     assert {k: v["condition"] for k, v in router["depends_on"].items()} == dict.fromkeys(replicas, "service_healthy")
+    # A dead replica leaves as fast as in the test that proves resume behind the router.
+    health = dict(zip(ROUTER_HEALTH_ARGS[::2], ROUTER_HEALTH_ARGS[1::2], strict=True))
+    assert {flag: flags.get(flag) for flag in health} == {flag: [value] for flag, value in health.items()}
     # The default policy is the one that keeps a request's calls on one replica by its routing key.
     assert _with_defaults(flags["--policy"][0]) == "consistent_hash"
     router_url = f"http://vllm-router:{flags['--port'][0]}"
