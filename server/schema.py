@@ -200,6 +200,7 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "A chat completion (JSON), or an SSE stream when stream=true."},
     400: {"model": ErrorResponse, "description": "Invalid body, header or image."},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
+    403: {"model": ErrorResponse, "description": "A header outside the API key's policy (FAITHPROXY_POLICY_FILE)."},
     413: {"model": ErrorResponse, "description": "Body or image too large."},
     429: {"model": ErrorResponse, "description": "Too many concurrent requests (see Retry-After)."},
     431: {"model": ErrorResponse, "description": "Request headers too large."},
