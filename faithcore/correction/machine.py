@@ -118,7 +118,6 @@ class CorrectionCore:
         self._regenerations = 0  # regeneration tries over the whole request
         self._rounds = 0
         self._resumes = 0  # rounds started after an upstream break
-        self._resuming = False  # the current round is one of them
         # detect mode: the text each channel sent the client, where a resumed round continues from
         self._sent: dict[Channel, list[str]] = {Channel.REASONING: [], Channel.CONTENT: []}
         self._upstream_id: str | None = None
@@ -541,7 +540,7 @@ class CorrectionCore:
     # ---- resuming after an upstream break ------------------------------------------------------
 
     def _resume(self, failure: RoundFailed) -> bool:
-        """A round that broke after its first byte is continued, not failed: a new round (through the same
+        """A round whose stream broke is continued, not failed: a new round (through the same
         upstream, where a router picks a live replica) continues from what the client already has, with
         the continuation a rewrite uses. correct mode gets here once every step the round read in whole
         was checked and delivered (a step rewritten among them drops the broken round and continues
@@ -570,18 +569,16 @@ class CorrectionCore:
         else:
             self._drop_round()
             self._continue()
-        self._resuming = self.phase is not Phase.OVER
         return True
 
     def _resumable(self, error: BaseException) -> bool:
-        """A break of a round that produced text (or of a resume round), and any round refused before its
-        first byte by an unreachable upstream or a gateway error: a router that has not yet noticed a
-        dead replica answers so, and a later attempt gets past it."""
+        """A break of the stream, after its headers (a round killed in its prefill has sent no text yet,
+        and the client none of it either), and a round refused before its first byte by an unreachable
+        upstream or a gateway error: a router that has not yet noticed a dead replica answers so, and a
+        later attempt gets past it."""
         if not isinstance(error, UpstreamError):
             return False
-        if self._deltas == 0 and _refused(error):
-            return True
-        return error.code in _BREAKS and (self._deltas > 0 or self._resuming)
+        return error.code in _BREAKS or (self._deltas == 0 and _refused(error))
 
     def _resume_detect(self) -> None:
         parser = self._parser
@@ -634,7 +631,6 @@ class CorrectionCore:
             lambda: rules.segmenter(tags=rules.reasoning_format.tags), rules.typer, in_answer=in_answer
         )
         self._end, self._failure, self._deltas, self._tallied = None, None, 0, False
-        self._resuming = False
         self._out.append(start or StartRound())
 
     def _drop_round(self) -> None:

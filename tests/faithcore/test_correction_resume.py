@@ -119,10 +119,12 @@ CORRECT = [
         {"resume_attempts": 1},
     ),
     Case(
-        # nothing came before the break: not a break mid-stream, the request's own error
-        "a-break-before-any-token-fails",
-        [broke()],
-        ["start", "fail UpstreamError"],
+        # the stream broke after its headers, before any text (killed in its prefill): nothing was
+        # accepted, so the first round goes out again as the client sent it
+        "a-break-before-any-token-starts-over",
+        [broke(), (p("Box A."), end()), verdicts("F")],
+        ["start", "resumed #1 resumed", "drop", "start", "check Box A.", "step Box A.", "end stop"],
+        [("Box A.", "faithful/faithful")],
     ),
     Case(
         "a-malformed-chunk-is-no-break",
