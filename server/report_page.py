@@ -123,7 +123,7 @@ def _view(source: dict[str, Any], summary: dict[str, Any], steps: list[dict[str,
 
 def view_of_report(report: dict[str, Any]) -> dict[str, Any]:
     """The page's view of a stored report (server/reports.py `report`). Stored reports hold no
-    question, image hashes, rejected rewrites or reasons today: those show as not kept."""
+    question, timings, and each step's reason and rejected rewrites; no image hashes (shown as not kept)."""
     summary = report.get("faithfulness") or {}
     view = _view(report, summary, list(summary.get("steps") or []))
     view.update(

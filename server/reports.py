@@ -185,14 +185,21 @@ def report(
     texts: list[tuple[str, str]],
     outcome: str,
     error: dict[str, Any] | None,
+    question: str | None = None,
+    timings: dict[str, Any] | None = None,
+    explained: list[tuple[str | None, list[str]]] | None = None,
 ) -> dict[str, Any]:
     """The report of one request: the `faithfulness` summary a client would have got in the response,
     each step with its text and channel (the stream carried those beside the annotation), how the
-    request ended (`completed`, `failed`, `disconnected`) and its error, if any."""
+    request ended (`completed`, `failed`, `disconnected`) and its error, if any; for a reader (the
+    report page, server/report_page.py) the question, the timings, and per step the detector's reason
+    and the rewrites rejected (`explained`, in step order)."""
     steps = [
         {**annotation, "text": text, "channel": channel}
         for annotation, (text, channel) in zip(summary.get("steps", []), texts, strict=False)
     ]
+    for step, (reason, rejected) in zip(steps, explained or [], strict=False):
+        step["reason"], step["rejected"] = reason, rejected
     return {
         "id": request_id,
         "object": OBJECT,
@@ -202,5 +209,7 @@ def report(
         "judge": judge,
         "outcome": outcome,
         "error": error,
+        "question": question,
+        "timings": timings or {},
         "faithfulness": {**summary, "steps": steps},
     }

@@ -323,6 +323,11 @@ class ChatServing:
             texts=[(step.text, step.channel.value) for step in self.session.steps],
             outcome="disconnected" if self.disconnected else "failed" if self.error is not None else "completed",
             error=trace.error_record,
+            question=trace.question,
+            timings=trace.timings(),
+            explained=[
+                (s.first_verdict.reason if s.first_verdict else None, list(s.rejected)) for s in self.session.steps
+            ],
         )
 
     def _trace(self, status: int) -> RequestTrace:

@@ -4,7 +4,7 @@ or mode served it.
 
 Schema version 1 (fields): version, id, time (unix seconds, start), model, mode, detector, judge,
 prompt (the last user message's text), images (sha256 list, never the bytes), steps (index, channel,
-kind, text, original_text, verdict, attempts, rejected candidates, residual, unchecked_reason,
+kind, text, original_text, verdict, the detector's reason, attempts, rejected candidates, residual, unchecked_reason,
 detector latency), answer, finish_reason, usage, timings (duration_s, ttft_s, verification_s), error,
 summary (the `faithfulness` summary, whose `judge` block is the request's judge bill: calls, input,
 cached input, cache-creation and output tokens, descriptions, budget_steps), and judge_usage (the same
@@ -91,6 +91,16 @@ class RequestTrace:
         """The error as the client was told it (the OpenAI `error` object), or None."""
         return error_body(self.error)["error"] if self.error is not None else None
 
+    def timings(self, duration: float | None = None) -> dict[str, Any]:
+        """duration_s (since the request arrived, unless given), ttft_s, verification_s."""
+        if duration is None:
+            duration = time.perf_counter() - self.admitted.started
+        return {
+            "duration_s": round(duration, 6),
+            "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
+            "verification_s": round(self.verification_s, 6),
+        }
+
     def record(self, duration: float) -> dict[str, Any]:
         """The trace line's fields (TraceWriter adds `version`)."""
         admitted = self.admitted
@@ -111,11 +121,7 @@ class RequestTrace:
             "summary": self.summary,
             "usage": self.usage,
             "judge_usage": self.judge_usage,
-            "timings": {
-                "duration_s": round(duration, 6),
-                "ttft_s": round(self.ttft, 6) if self.ttft is not None else None,
-                "verification_s": round(self.verification_s, 6),
-            },
+            "timings": self.timings(duration),
             "hints": self.hints,
             "disconnected": self.disconnected,
             "error": self.error_record,

@@ -115,7 +115,8 @@ async def lookup(http: httpx.AsyncClient, response: httpx.Response, **kwargs: An
 
 def without_text(report: dict[str, Any]) -> dict[str, Any]:
     """The report's `faithfulness` as the response carried it (steps without their text and channel)."""
-    steps = [{k: v for k, v in step.items() if k not in ("text", "channel")} for step in report["steps"]]
+    kept = ("text", "channel", "reason", "rejected")  # the report's own, for a reader
+    steps = [{k: v for k, v in step.items() if k not in kept} for step in report["steps"]]
     return {**report, "steps": steps}
 
 
@@ -138,6 +139,11 @@ async def test_a_non_streamed_request_s_report_is_its_faithfulness_with_the_step
     assert [s["text"] for s in steps] == [text.strip() for text in SENTENCES]  # a step's text: its sentence
     assert {s["channel"] for s in steps} == {"content"}
     assert steps[0]["detected"] == "unfaithful"  # the judge's verdict, step by step
+    # for the report page: the question, the timings, the judge's reason and the rejected rewrites per step
+    assert report["question"] == "What is in the image?"
+    assert report["timings"]["duration_s"] > 0 and report["timings"]["verification_s"] >= 0
+    assert isinstance(steps[0]["reason"], str) and steps[0]["reason"]
+    assert all(isinstance(s["rejected"], list) for s in steps)
 
 
 async def test_a_streamed_request_s_report_matches_the_last_chunk(tmp_path: Path) -> None:
