@@ -21,7 +21,6 @@ from faithproxy.detectors.registry import DetectorDeps, build_detectors
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
 from faithproxy.server.affinity import RoutingKeyMiddleware
-from faithproxy.server.affinity import RoutingKeyMiddleware
 from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
 from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.connections import connection_rules
@@ -184,8 +183,6 @@ def create_app(
     app.include_router(report_pages.router)
     install_openapi(app, settings)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
-    # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
-    app.add_middleware(RoutingKeyMiddleware, header=settings.routing_header)
     # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
     app.add_middleware(RoutingKeyMiddleware, header=settings.routing_header)
     app.add_middleware(
