@@ -60,9 +60,6 @@ POLICY_OUTCOMES = ("admitted", "refused")
 # request failed (server/session.py; the rule is faithcore/correction/machine.py's)
 RESUME_OUTCOMES = ("resumed", "exhausted")
 REPORT_STORE_OPERATIONS = ("write", "read")
-# resumed: a broken upstream stream was continued by a new round; exhausted: no attempt was left, the
-# request failed (server/session.py; the rule is faithcore/correction/machine.py's)
-RESUME_OUTCOMES = ("resumed", "exhausted")
 POLICY_RELOAD_RESULTS = ("ok", "failed")
 # The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
 JUDGE_TOKEN_KINDS = {
@@ -179,15 +176,6 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        self.upstream_resumes = Counter(
-            "faithproxy_upstream_resumes_total",
-            "Upstream streams that broke mid-round in correct/detect mode, by outcome: resumed (a new "
-            "round continued the chain) or exhausted (no resume attempt left: the request failed).",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in RESUME_OUTCOMES:
-            self.upstream_resumes.labels(outcome)
         self.upstream_resumes = Counter(
             "faithproxy_upstream_resumes_total",
             "Upstream streams that broke mid-round in correct/detect mode, by outcome: resumed (a new "
