@@ -1,23 +1,30 @@
 """Soak: hours-long mixed traffic with faults against `faithproxy serve`, watching that memory, open
 files, tasks and event-loop lag stay flat (issue 33). A benchmark, not a CI test.
 
-    .venv/bin/python -m faithproxy.benchmarks.soak [--minutes 30] [--clients 64] [--vllm-url URL | --fake-upstream]
+    .venv/bin/python -m faithproxy.benchmarks.soak [--minutes 30] [--clients 64] [--probe FILE]
+        [--vllm-url URL [--storage DIR] | --fake-upstream]
 
 Servers, each its own process: vLLM (CPU) serving the ShapesWorld model (or --vllm-url, or the fake
 upstream of `python -m faithproxy.testing` with --fake-upstream), the local pixel judge
 (benchmarks/standins/judge_server.py), and the proxy, served as `faithproxy serve` serves it (the
 tickless Server, server/connections.py's protocol) by this module's `serve` role, which adds two things
-inside the proxy's process: a sampler that writes RSS, open file descriptors, asyncio tasks and
-event-loop lag (mean and max overshoot of a 100 ms sleep) as a JSON line every --sample-s, and the
+inside the proxy's process: a sampler that writes RSS, open file descriptors, asyncio tasks,
+event-loop lag (mean and max overshoot of a 100 ms sleep), the requests in flight and those cancelled
+because their client left (server/client_gone.py) as a JSON line every --sample-s, and the
 upstream fault injector, a transport under the vLLM client that resets a share of chat calls (before the
 answer or after its first bytes).
 
 --clients clients send requests one after another for --minutes, each request a random configuration:
-every mode (off, detect, correct) with every detector that runs without a trained probe (none, judge,
-prompt), streamed or not. Faults on the client side, each on a share of requests: a judge that never
-answers (the `stall` judge, a socket that accepts and stays silent; its timeout_s is 2), a client that
-disconnects after the first bytes of the answer, and a slow upload (headers and part of the body, then
-silence past the proxy's body timeout, 10 s here: the proxy answers 408).
+every mode (off, detect, correct) with every detector (none, judge, prompt; probe and cascade with
+--probe), streamed or not. With --probe FILE (a probe for the ShapesWorld model, `faithproxy probe
+train`; docs/benchmarks.md gives the two commands that make one in about two minutes) vLLM is started
+capturing the probe's layers under the probe's model name, and the sampler also counts the
+hidden-state files vLLM wrote that nobody read yet.
+
+Faults on the client side, each on a share of requests: a judge that never answers (the `stall` judge,
+a socket that accepts and stays silent; its timeout_s is 2), a client that disconnects after the first
+bytes of the answer, and a slow upload (headers and part of the body, then silence past the proxy's
+body timeout, 10 s here: the proxy answers 408). Clients give up after 120 s (httpx's timeout).
 
 Every --sample-s it prints the proxy's sample beside the requests done and failed since the last one;
 at the end, the least-squares slope of each figure per minute over the samples after --warmup-min and
@@ -38,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,16 +54,21 @@ from typing import Any
 import httpx
 
 CLIENT_BODY_TIMEOUT_S = 10.0
-CONFIGS = [
-    (mode, detector, stream)
-    for mode, detectors in (
-        ("off", ["none"]),
-        ("detect", ["judge", "prompt"]),
-        ("correct", ["none", "judge", "prompt"]),
-    )
-    for detector in detectors
-    for stream in (True, False)
-]
+HIDDEN_STATE_DETECTORS = ["probe", "cascade"]  # need --probe: a vLLM that captures hidden states
+
+
+def configs(with_probe: bool) -> list[tuple[str, str, bool]]:
+    extra = HIDDEN_STATE_DETECTORS if with_probe else []
+    return [
+        (mode, detector, stream)
+        for mode, detectors in (
+            ("off", ["none"]),
+            ("detect", ["judge", "prompt", *extra]),
+            ("correct", ["none", "judge", "prompt", *extra]),
+        )
+        for detector in detectors
+        for stream in (True, False)
+    ]
 
 
 # ---- the proxy's process: the `serve` role --------------------------------------------------------
@@ -108,10 +121,14 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def sample_forever(path: Path, every_s: float, transport: ResettingTransport) -> None:
-    """One JSON line per `every_s`: RSS, descriptors, tasks, and the loop lag seen meanwhile."""
+async def sample_forever(
+    path: Path, every_s: float, transport: ResettingTransport, storage: Path | None, app: Any
+) -> None:
+    """One JSON line per `every_s`: RSS, descriptors, tasks, the loop lag seen meanwhile, and the
+    hidden-state files vLLM wrote that nobody read yet (a request the proxy gave up on leaves its file)."""
     loop = asyncio.get_running_loop()
     start = time.monotonic()
+    tracing = _Growth() if tracemalloc.is_tracing() else None
     with path.open("a") as out:
         while True:
             lags: list[float] = []
@@ -129,9 +146,45 @@ async def sample_forever(path: Path, every_s: float, transport: ResettingTranspo
                 "lag_mean_ms": round(statistics.fmean(lags) * 1e3, 2),
                 "lag_max_ms": round(max(lags) * 1e3, 1),
                 "upstream_resets": transport.resets,
+                **_proxy_counts(app),
             }
+            if storage is not None:
+                row["hidden_state_files"] = sum(name.endswith(".safetensors") for name in os.listdir(storage))
             out.write(json.dumps(row) + "\n")
             out.flush()
+            if tracing is not None:
+                tracing.sample(path.with_suffix(".tracemalloc.txt"), row["t_min"])
+
+
+class _Growth:
+    """With --tracemalloc: the source lines whose live memory grew most since the first sample (taken
+    after the first --sample-s of traffic), appended to a text file beside the samples."""
+
+    def __init__(self) -> None:
+        self.first: tracemalloc.Snapshot | None = None
+
+    def sample(self, path: Path, t_min: float) -> None:
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        if self.first is None:
+            self.first = snapshot
+            return
+        top = snapshot.compare_to(self.first, "lineno")[:12]
+        with path.open("a") as out:
+            out.write(f"--- minute {t_min}: growth since the first sample\n")
+            out.writelines(f"{stat}\n" for stat in top)
+
+
+def _proxy_counts(app: Any) -> dict[str, float | None]:
+    """Requests in flight in the proxy (more than there are clients: work for clients that left) and
+    requests cancelled because their client left, from the app's own metrics."""
+    state = getattr(app.state, "faithproxy", None)
+    if state is None:
+        return {}
+    registry = state.metrics.registry
+    return {
+        "in_flight": registry.get_sample_value("faithproxy_requests_in_flight"),
+        "abandoned": registry.get_sample_value("faithproxy_abandoned_requests_total"),
+    }
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -142,10 +195,13 @@ async def serve(args: argparse.Namespace) -> None:
     from faithproxy.server.settings import Settings
     from faithproxy.server.uvicorn_server import Server
 
+    if args.tracemalloc:
+        tracemalloc.start(4)  # slows the proxy several-fold: a diagnostic run, not a measurement
     transport = ResettingTransport(args.reset_share)
     app = create_app(Settings(), upstream_transport=transport)
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", http=HTTP_PROTOCOL)
-    sampler = asyncio.create_task(sample_forever(Path(args.samples), args.sample_s, transport))
+    storage = Path(args.storage) if args.storage else None
+    sampler = asyncio.create_task(sample_forever(Path(args.samples), args.sample_s, transport, storage, app))
     try:
         await Server(config).serve()
     finally:
@@ -169,6 +225,7 @@ class Traffic:
         self.url, self.model, self.items, self.args = url, model, items, args
         self.tally: Counter[str] = Counter()
         self.random = random.Random(1)
+        self.configs = configs(args.probe is not None)
 
     def body(self, stream: bool) -> dict[str, Any]:
         question, image = self.random.choice(self.items)
@@ -182,14 +239,15 @@ class Traffic:
 
     async def client(self, http: httpx.AsyncClient, deadline: float) -> None:
         while time.monotonic() < deadline:
-            mode, detector, stream = self.random.choice(CONFIGS)
+            mode, detector, stream = self.random.choice(self.configs)
             headers = {"x-faithproxy-mode": mode, "x-faithproxy-detector": detector}
             roll = self.random.random()
             try:
                 if roll < self.args.slow_upload_share:
                     await self.slow_upload()
                     continue
-                if detector == "judge" and roll < self.args.slow_upload_share + self.args.judge_stall_share:
+                stall = roll < self.args.slow_upload_share + self.args.judge_stall_share
+                if detector in ("judge", "cascade") and stall:
                     headers["x-faithproxy-judge"] = "stall"
                 disconnect = self.random.random() < self.args.disconnect_share
                 await self.one(http, headers, self.body(stream), disconnect)
@@ -260,11 +318,36 @@ async def drive(args: argparse.Namespace, url: str, model: str, samples: Path) -
     return result
 
 
+def start_vllm(workdir: Path, probe: dict[str, Any] | None) -> Any:
+    """vLLM serving the ShapesWorld model; with a probe, under the probe's model name and capturing
+    the probe's layers into workdir/hidden-states (the proxy reads and deletes the files)."""
+    from faithproxy.shapesworld.model import WEIGHTS_DIR
+    from faithproxy.tinyvlm import serve
+
+    if probe is None:
+        return serve.start_vllm(WEIGHTS_DIR, log_path=workdir / "vllm.log")
+    from faithproxy.clients.hidden_states import server_args
+
+    storage = workdir / "hidden-states"
+    storage.mkdir()
+    return serve.start_vllm(
+        WEIGHTS_DIR,
+        extra_args=server_args(probe["layers"], str(storage)),
+        served_model_name=probe["model"],
+        log_path=workdir / "vllm.log",
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},  # vLLM imports the repo's connector
+    )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from faithproxy.benchmarks.performance.cpu_per_token import start_pixel_judge
     from faithproxy.tinyvlm import processes
 
     workdir = Path(tempfile.mkdtemp(prefix="faithproxy-soak-"))
+    probe = json.loads(Path(args.probe).read_text()) if args.probe else None
+    if probe is not None and args.vllm_url and not args.storage:
+        raise SystemExit("--probe with --vllm-url needs --storage (the directory that vLLM writes hidden states to)")
+    storage = Path(args.storage) if args.storage else workdir / "hidden-states"
     samples = workdir / "samples.jsonl"
     started: list[processes.Child] = []
     stall, stall_port = stall_server()
@@ -278,10 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 url = f"http://127.0.0.1:{port}"
                 started[-1].wait_healthy(f"{url}/v1/models", 60)
             elif url is None:
-                from faithproxy.shapesworld.model import WEIGHTS_DIR
-                from faithproxy.tinyvlm.serve import start_vllm
-
-                vllm = start_vllm(WEIGHTS_DIR, log_path=workdir / "vllm.log")
+                vllm = start_vllm(workdir, probe)
                 started.append(vllm.child)
                 url = vllm.base_url
             model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
@@ -301,9 +381,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "FAITHPROXY_DEFAULT_JUDGE": "bench",
                 "FAITHPROXY_CLIENT_BODY_TIMEOUT_S": str(CLIENT_BODY_TIMEOUT_S),
             }
+            if probe is not None:
+                env |= {"FAITHPROXY_HIDDEN_STATES_LAYERS": json.dumps(probe["layers"]),
+                        "FAITHPROXY_PROBE_PATH": str(Path(args.probe).resolve())}  # fmt: skip
             argv = [sys.executable, "-m", "faithproxy.benchmarks.soak", "serve", "--port", str(port)]
             argv += ["--samples", str(samples), "--sample-s", str(args.sample_s)]
             argv += ["--reset-share", str(args.reset_share)]
+            if probe is not None:
+                argv += ["--storage", str(storage)]
+            if args.tracemalloc:
+                argv += ["--tracemalloc"]
             started.append(processes.spawn(argv, workdir / "proxy.log", name="faithproxy", env=env))
             proxy_url = f"http://127.0.0.1:{port}"
             started[-1].wait_healthy(f"{proxy_url}/readyz", 60)
@@ -329,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-stall-share", type=float, default=0.05, help="judge requests sent to the stall judge")
     parser.add_argument("--disconnect-share", type=float, default=0.05, help="requests the client leaves mid-answer")
     parser.add_argument("--slow-upload-share", type=float, default=0.02, help="requests uploaded too slowly (408)")
+    parser.add_argument("--probe", help="a probe file for the ShapesWorld model: adds the probe and cascade detectors")
+    parser.add_argument("--storage", help="where vLLM writes hidden states (with --probe and --vllm-url)")
+    parser.add_argument("--tracemalloc", action="store_true", help="trace the proxy's allocations (diagnostic)")
     parser.add_argument("--out", help="write the samples, request counts and slopes as JSON here")
     parser.add_argument("--port", type=int, help="serve: the proxy's port")
     parser.add_argument("--samples", help="serve: the file the sampler appends to")
