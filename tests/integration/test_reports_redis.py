@@ -140,7 +140,8 @@ async def errors(http: httpx.AsyncClient, url: str) -> dict[str, float]:
 
 
 def without_texts(faithfulness: dict[str, Any]) -> dict[str, Any]:
-    steps = [{k: v for k, v in s.items() if k not in ("text", "channel")} for s in faithfulness["steps"]]
+    kept = ("text", "channel", "reason", "rejected")  # the report's own, for a reader
+    steps = [{k: v for k, v in s.items() if k not in kept} for s in faithfulness["steps"]]
     return {**faithfulness, "steps": steps}
 
 
