@@ -19,12 +19,14 @@ from faithproxy.testing.answer import Answer, At, Hold, Pause, Reset, Stall, Str
 from faithproxy.testing.chains import Chain, ChainSpec, chain_sentences, corrected_sentence, planted_sentence
 from faithproxy.testing.faults import FAULTS, Fault
 from faithproxy.testing.metrics import metric
+from faithproxy.testing.reports import as_annotated
 from faithproxy.testing.scripts import SENTENCES, Counted, Script, Sentences, expected_text
 from faithproxy.testing.serving import running_app, threaded_app
 from faithproxy.testing.upstream import FakeUpstream
 from faithproxy.testing.wire import completion, delta, error_body, event, frames, sse, usage_chunk
 
 __all__ = [
+    "as_annotated",
     "FAULTS",
     "SENTENCES",
     "Answer",

@@ -23,7 +23,7 @@ from faithproxy.server.app import create_app
 from faithproxy.server.reports import ReportStore, ReportsUnavailable, SharedReportStore
 from faithproxy.server.reports_redis import INDEX, RedisReportStore
 from faithproxy.server.settings import Settings
-from faithproxy.testing import SENTENCES, FakeUpstream, frames, running_app
+from faithproxy.testing import SENTENCES, FakeUpstream, as_annotated, frames, running_app
 from tests.redis_server import RedisServer
 
 KEY = "fp-client-key-for-reports"
@@ -113,13 +113,6 @@ async def lookup(http: httpx.AsyncClient, response: httpx.Response, **kwargs: An
     return await http.get(f"/v1/faithfulness/{response.headers['x-faithproxy-request-id']}", **kwargs)
 
 
-def without_text(report: dict[str, Any]) -> dict[str, Any]:
-    """The report's `faithfulness` as the response carried it (steps without their text and channel)."""
-    kept = ("text", "channel", "reason", "rejected")  # the report's own, for a reader
-    steps = [{k: v for k, v in step.items() if k not in kept} for step in report["steps"]]
-    return {**report, "steps": steps}
-
-
 @pytest.mark.parametrize("mode", ["correct", "detect"])
 async def test_a_non_streamed_request_s_report_is_its_faithfulness_with_the_step_texts(
     tmp_path: Path, mode: str
@@ -134,7 +127,7 @@ async def test_a_non_streamed_request_s_report_is_its_faithfulness_with_the_step
     assert report["id"] == response.headers["x-faithproxy-request-id"] == body["id"].removeprefix("chatcmpl-")
     assert report["object"] == "faithfulness.report" and report["outcome"] == "completed" and report["error"] is None
     assert report["model"] == "m" and report["stream"] is False and report["judge"] == "claude"
-    assert without_text(report["faithfulness"]) == body["faithfulness"]
+    assert as_annotated(report["faithfulness"]) == body["faithfulness"]
     steps = report["faithfulness"]["steps"]
     assert [s["text"] for s in steps] == [text.strip() for text in SENTENCES]  # a step's text: its sentence
     assert {s["channel"] for s in steps} == {"content"}
@@ -155,7 +148,7 @@ async def test_a_streamed_request_s_report_matches_the_last_chunk(tmp_path: Path
     last = chunks[-1]["faithfulness"]
     report = found.json()
     assert report["stream"] is True and report["outcome"] == "completed"
-    assert without_text(report["faithfulness"]) == last
+    assert as_annotated(report["faithfulness"]) == last
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
     assert " ".join(s["text"] for s in report["faithfulness"]["steps"]) == content.strip()
 
@@ -364,7 +357,7 @@ async def test_through_the_proxy_reports_go_to_redis_and_a_lookup_without_it_is_
         stored = await http.post("/v1/chat/completions", json=BODY, headers=headers)
         found = await lookup(http, stored)
         assert found.status_code == 200, found.text
-        assert without_text(found.json()["faithfulness"]) == stored.json()["faithfulness"]
+        assert as_annotated(found.json()["faithfulness"]) == stored.json()["faithfulness"]
         assert redis_keys(redis_url)  # in Redis, not in the proxy's memory
         redis_server.stop()
         served = await http.post("/v1/chat/completions", json={**BODY, "stream": True}, headers=headers)
