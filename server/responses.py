@@ -294,6 +294,7 @@ class ChatServing:
             verification_s=s.verification_s,
             rounds=result.rounds,
             judge=s.view.judge_state.summary(),
+            resumes=result.resumes,
         )
 
     def _finish(self, status: int | None = None) -> None:

@@ -64,8 +64,10 @@ def summarize(
     verification_s: float,
     rounds: int,
     judge: dict[str, int] | None = None,
+    resumes: int = 0,
 ) -> dict[str, Any]:
-    """`judge`: the request's judge bill (JudgeState.summary()); omitted when not given."""
+    """`judge`: the request's judge bill (JudgeState.summary()); omitted when not given. `resumes`: rounds
+    started after an upstream break (docs/replicas.md), counted in `rounds` too."""
     return {
         "mode": mode,
         "detector": detector,
@@ -74,6 +76,7 @@ def summarize(
         "regenerations": regenerations,
         "fixed": sum(1 for s in steps if s.original_text is not None),
         "rounds": rounds,
+        "resumes": resumes,
         "verification_s": round(verification_s, 6),
         **({"judge": judge} if judge is not None else {}),
     }

@@ -110,7 +110,7 @@ async def test_a_stream_that_dies_mid_way_is_resumed_and_the_client_sees_one_str
     assert metric(metrics, "faithproxy_upstream_resumes_total", outcome="resumed") == 1
     assert metric(metrics, "faithproxy_upstream_resumes_total", outcome="exhausted") == 0
     assert metric(metrics, "faithproxy_upstream_errors_total", reason="stream_broken") == 0  # the client saw none
-    assert record["error"] is None and record["summary"]["rounds"] == 2
+    assert record["error"] is None and record["summary"]["rounds"] == 2 and record["summary"]["resumes"] == 1
     # usage adds up: the broken round's tokens estimated at one per delta, then the resumed round's count
     rest = len(FULL) - len(partial)
     assert record["usage"]["completion_tokens"] == 9 + -(-rest // PIECE)
