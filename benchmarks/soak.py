@@ -381,6 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "FAITHPROXY_DEFAULT_JUDGE": "bench",
                 "FAITHPROXY_CLIENT_BODY_TIMEOUT_S": str(CLIENT_BODY_TIMEOUT_S),
             }
+            if args.reports_max_count is not None:  # the report stores grow until full or an hour old
+                env["FAITHPROXY_REPORTS_MAX_COUNT"] = str(args.reports_max_count)
             if probe is not None:
                 env |= {"FAITHPROXY_HIDDEN_STATES_LAYERS": json.dumps(probe["layers"]),
                         "FAITHPROXY_PROBE_PATH": str(Path(args.probe).resolve())}  # fmt: skip
@@ -418,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-upload-share", type=float, default=0.02, help="requests uploaded too slowly (408)")
     parser.add_argument("--probe", help="a probe file for the ShapesWorld model: adds the probe and cascade detectors")
     parser.add_argument("--storage", help="where vLLM writes hidden states (with --probe and --vllm-url)")
+    parser.add_argument("--reports-max-count", type=int, help="the proxy's report store size (default: its own)")
     parser.add_argument("--tracemalloc", action="store_true", help="trace the proxy's allocations (diagnostic)")
     parser.add_argument("--out", help="write the samples, request counts and slopes as JSON here")
     parser.add_argument("--port", type=int, help="serve: the proxy's port")
