@@ -3,10 +3,12 @@ server/routers/report_pages.py) or from a trace file's records (`faithproxy repo
 OUT`), through the same Jinja2 templates (server/templates/).
 
 Both sources are turned into one plain view (`view_of_report`, `view_of_trace`): the question, the
-images' hashes (the bytes are never kept), each step with its kind, label and texts, the request's
-counts, timings and the judge's bill. A field the source does not hold is None, and the page says so
-rather than guessing. Model text is hostile: the templates escape everything (autoescape), and the
-pages load nothing from elsewhere (no CDN, no script), so they work with JavaScript off.
+images (their hashes; a stored report also holds their data URLs when the server keeps images,
+FAITHPROXY_REPORTS_KEEP_IMAGES, and only raster types are shown inline), each step with its kind,
+label and texts, the request's counts, timings and the judge's bill. A field the source does not hold
+is None, and the page says so rather than guessing. Model text is hostile: the templates escape
+everything (autoescape), and the pages load nothing from elsewhere (no CDN, no script), so they work
+with JavaScript off.
 
 `ListedReports` wraps the server's report store to list recent requests (GET /reports): the store
 only answers by id, so each process keeps a bounded index of the reports it put, newest first.
@@ -87,6 +89,23 @@ def _iso(seconds: Any) -> str | None:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
+# Inline only what an <img> shows as pixels: no SVG (a document of its own), nothing but data URLs.
+_SHOWN = ("data:image/png;", "data:image/jpeg;", "data:image/gif;", "data:image/webp;")
+
+
+def _images(raw: Any) -> list[dict[str, str | None]]:
+    """Each image as {sha256, src}: a trace holds hashes; a report {sha256, data_url?} objects."""
+    out: list[dict[str, str | None]] = []
+    for image in raw if isinstance(raw, list) else []:
+        if isinstance(image, str):
+            out.append({"sha256": image, "src": None})
+        elif isinstance(image, dict):
+            url = image.get("data_url")
+            shown = isinstance(url, str) and url.startswith(_SHOWN)
+            out.append({"sha256": str(image.get("sha256", "")), "src": url if shown else None})
+    return out
+
+
 def _bill(block: Any) -> dict[str, Any] | None:
     if not isinstance(block, dict):
         return None
@@ -123,14 +142,14 @@ def _view(source: dict[str, Any], summary: dict[str, Any], steps: list[dict[str,
 
 def view_of_report(report: dict[str, Any]) -> dict[str, Any]:
     """The page's view of a stored report (server/reports.py `report`). Stored reports hold no
-    question, timings, and each step's reason and rejected rewrites; no image hashes (shown as not kept)."""
+    question, timings, each step's reason and rejected rewrites, and the images (hashes; data URLs when kept)."""
     summary = report.get("faithfulness") or {}
     view = _view(report, summary, list(summary.get("steps") or []))
     view.update(
         time=_iso(report.get("created")),
         outcome=report.get("outcome"),
         question=report.get("question"),
-        images=report.get("images"),
+        images=_images(report.get("images")),
         timings={"verification_s": summary.get("verification_s"), **(report.get("timings") or {})},
         bill=_bill(summary.get("judge")),
     )
@@ -146,7 +165,7 @@ def view_of_trace(record: dict[str, Any]) -> dict[str, Any]:
         time=_iso(record.get("time")),
         outcome="disconnected" if record.get("disconnected") else "failed" if failed else "completed",
         question=record.get("prompt"),
-        images=record.get("images"),
+        images=_images(record.get("images")),
         timings=record.get("timings") or {},
         bill=_bill(record.get("judge_usage") or summary.get("judge")),
     )

@@ -188,12 +188,14 @@ def report(
     question: str | None = None,
     timings: dict[str, Any] | None = None,
     explained: list[tuple[str | None, list[str]]] | None = None,
+    images: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The report of one request: the `faithfulness` summary a client would have got in the response,
     each step with its text and channel (the stream carried those beside the annotation), how the
     request ended (`completed`, `failed`, `disconnected`) and its error, if any; for a reader (the
-    report page, server/report_page.py) the question, the timings, and per step the detector's reason
-    and the rewrites rejected (`explained`, in step order)."""
+    report page, server/report_page.py) the question, the timings, per step the detector's reason and the
+    rewrites rejected (`explained`, in step order), and the images: their sha256, and their data URL when
+    the server keeps images (FAITHPROXY_REPORTS_KEEP_IMAGES)."""
     steps = [
         {**annotation, "text": text, "channel": channel}
         for annotation, (text, channel) in zip(summary.get("steps", []), texts, strict=False)
@@ -211,5 +213,6 @@ def report(
         "error": error,
         "question": question,
         "timings": timings or {},
+        "images": images or [],
         "faithfulness": {**summary, "steps": steps},
     }

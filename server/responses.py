@@ -314,6 +314,7 @@ class ChatServing:
     def _report(self, trace: RequestTrace) -> dict[str, Any]:
         """What GET /v1/faithfulness/{request_id} returns for this request (server/reports.py)."""
         assert self.session is not None and trace.summary is not None
+        keep_images = self.state.settings.reports_keep_images
         return report(
             request_id=self.request_id,
             created=self.started_wall,
@@ -326,6 +327,10 @@ class ChatServing:
             error=trace.error_record,
             question=trace.question,
             timings=trace.timings(),
+            images=[
+                {"sha256": i.sha256, **({"data_url": i.url} if keep_images and i.is_data_url else {})}
+                for i in self.session.view.images
+            ],
             explained=[
                 (s.first_verdict.reason if s.first_verdict else None, list(s.rejected)) for s in self.session.steps
             ],

@@ -153,6 +153,10 @@ class Settings(BaseSettings):
     # holds up a request (server/reports_redis.py). Secret: the URL may carry Redis's password.
     reports_url: SecretStr | None = None
     reports_timeout_s: float = Field(2.0, gt=0)
+    # Keep the request's images (as the data URLs the judge was given) in its report, for the report page
+    # (GET /reports/{id}). Off by default: an image is often the largest and most private part of a
+    # request, and every report would hold it for reports_max_age_s. Without it only their sha256 are kept.
+    reports_keep_images: bool = False
 
     # Hidden states (route 1, clients/hidden_states.py): the layer ids vLLM was started with
     # (`--speculative-config` of extract_hidden_states); None: the server captures none, and the probe

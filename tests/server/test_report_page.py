@@ -258,3 +258,13 @@ def test_the_list_row_of_a_report_is_the_row_of_its_view() -> None:
     report = {"id": "r", "created": 1_760_000_000, "model": "m", "outcome": "completed", "faithfulness": summary}
     assert report_row(report) == list_row(view_of_report(report))
     assert report_row(report)["labels"] == ["fixed", "gated"]
+
+
+def test_images_are_shown_only_when_kept_and_only_raster_data_urls() -> None:
+    png = "data:image/png;base64,iVBORw0KGgo="
+    svg = "data:image/svg+xml;base64,PHN2Zz48L3N2Zz4="  # a document of its own: never inlined
+    images = [{"sha256": "aa", "data_url": png}, {"sha256": "bb", "data_url": svg}, {"sha256": "cc"}]
+    report = {"id": "r", "model": "m", "images": images, "faithfulness": {"steps": []}}
+    html = render_report(view_of_report(report), list_href="/reports")
+    assert html.count('<img class="image"') == 1 and f'src="{png}"' in html
+    assert "Image not kept (sha256 bb)" in html and "Image not kept (sha256 cc)" in html and "svg" not in html

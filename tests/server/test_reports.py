@@ -153,6 +153,19 @@ async def test_a_streamed_request_s_report_matches_the_last_chunk(tmp_path: Path
     assert " ".join(s["text"] for s in report["faithfulness"]["steps"]) == content.strip()
 
 
+@pytest.mark.parametrize("keep", [False, True])
+async def test_a_report_keeps_the_images_only_when_the_server_keeps_images(tmp_path: Path, keep: bool) -> None:
+    image = "data:image/png;base64,iVBORw0KGgo="
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is in the image?"}]
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    async with proxy(tmp_path, reports_keep_images=keep) as http:
+        response = await http.post("/v1/chat/completions", json=body)
+        report = (await lookup(http, response)).json()
+    (kept,) = report["images"]
+    assert len(kept["sha256"]) == 64
+    assert kept.get("data_url") == (image if keep else None)
+
+
 async def test_unknown_ids_and_off_mode_requests_are_a_404_in_openai_format(tmp_path: Path) -> None:
     async with proxy(tmp_path) as http:
         off = await http.post("/v1/chat/completions", json=BODY, headers={"x-faithproxy-mode": "off"})
