@@ -1,5 +1,6 @@
-"""No work for a client that left: a request whose client disconnects before its answer is complete is
-cancelled, whatever the mode, the door and whether it streams.
+"""No work for a client that left: a request whose client disconnects before its answer has started
+is cancelled, whatever the mode and the door; one whose answer has started (a stream) ends itself, as
+before, and both are counted.
 
 Without this, a non-streamed request went on to the end after its client had gone: Starlette cancels a
 StreamingResponse when the client leaves, but a JSON answer is computed first and sent after, and
@@ -9,12 +10,15 @@ soak (benchmarks/soak.py, issue 33) clients that gave up after 120 s left 111 re
 clients, and vLLM ran 195. A hostile client could do the same on purpose: send, hang up, repeat.
 
 `serve_while_connected` runs the app in a task of its own beside a watcher that owns the client's
-`receive` once the body has been read (ConcurrencyLimitMiddleware reads it first). When the watcher
-sees `http.disconnect` before the response's last byte was sent, the app's task is cancelled: the
-serving code's own cleanup runs (the upstream stream is closed, so vLLM aborts the request; the trace
-record is written in its `finally`), and faithproxy_abandoned_requests_total counts the request. The app
-still gets `http.disconnect` from its own `receive` (Starlette's StreamingResponse listens for it).
-After the last byte nothing is cancelled: the work left then is the request's bookkeeping.
+`receive` once the body has been read (ConcurrencyLimitMiddleware reads it first). The app still gets
+`http.disconnect` from its own `receive`. When the watcher sees it before the response's last byte,
+faithproxy_abandoned_requests_total counts the request, and:
+- if the response has not started, the app's task is cancelled (after a short grace): the serving
+  code's own cleanup runs (the upstream stream is closed, so vLLM aborts the request; the trace record
+  is written in its `finally`);
+- if it has started, it is a stream whose own code listens for the disconnect and is cancelling itself
+  (Starlette's StreamingResponse, off mode's pass-through). It is not cancelled a second time: a
+  second cancellation would cut that cleanup short (the session's checker task was left pending).
 """
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-LEAVE_GRACE_S = 1.0  # what a request whose client left may still run (a stream ends itself sooner)
+LEAVE_GRACE_S = 1.0  # what a request whose client left before any answer may still run
 
 
 async def serve_while_connected(app: ASGIApp, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
     """Serves the request whose whole `body` was read from `receive`; cancels it when the client leaves
-    before the answer is complete. The app's exceptions propagate; its cancellation by us does not."""
+    before the answer has started. The app's exceptions propagate; its cancellation by us does not."""
     gone = asyncio.Event()
-    complete = False
+    started = complete = False
     pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def app_receive() -> Message:
@@ -40,7 +44,8 @@ async def serve_while_connected(app: ASGIApp, scope: Scope, body: bytes, receive
         return {"type": "http.disconnect"}
 
     async def tracked_send(message: Message) -> None:
-        nonlocal complete
+        nonlocal started, complete
+        started = True
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             complete = True  # before the send: the watcher may wake as soon as it is written
         await send(message)
@@ -54,11 +59,11 @@ async def serve_while_connected(app: ASGIApp, scope: Scope, body: bytes, receive
     watcher = asyncio.ensure_future(watch())
     try:
         await asyncio.wait({serving, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if gone.is_set() and not complete:
-            # The client left first. A stream's own code listens for the disconnect and ends itself,
-            # counting it as its door does: it gets a moment for that before it is cancelled.
+        if gone.is_set() and not started:
+            # The client left before any answer. Code that listens for the disconnect gets a moment to
+            # end by itself, counting it as its door does.
             await asyncio.wait({serving}, timeout=LEAVE_GRACE_S)
-            if not serving.done() and not complete:
+            if not serving.done() and not started:
                 serving.cancel()
         await asyncio.wait({serving})
     finally:
