@@ -18,7 +18,7 @@ faithproxy_abandoned_requests_total counts the request, and:
   is written in its `finally`);
 - if it has started, it is a stream whose own code listens for the disconnect and is cancelling itself
   (Starlette's StreamingResponse, off mode's pass-through). It is not cancelled a second time: a
-  second cancellation would cut that cleanup short (the session's checker task was left pending).
+  second cancellation can cut that cleanup short (server/session.py's `_cancel` explains how).
 """
 
 from __future__ import annotations
