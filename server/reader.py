@@ -11,6 +11,7 @@ and vLLM aborts the generation) when a round is dropped.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from faithproxy.clients.vllm import CHAT_PATH, VLLMClient
 from faithproxy.faithcore.correction import CorrectionCore, RoundFailed
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import FaithproxyError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,4 +68,6 @@ class RoundReader:
 def _as_faithproxy_error(exc: BaseException) -> FaithproxyError:
     if isinstance(exc, FaithproxyError):
         return exc
+    # not an upstream failure the client code names: a bug, whose traceback must not be lost
+    log.error("internal error while reading upstream", exc_info=exc)
     return FaithproxyError(f"internal error while reading upstream: {type(exc).__name__}")

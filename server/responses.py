@@ -177,6 +177,7 @@ class ChatServing:
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must still end the stream well-formed
             log.exception("internal error in stream %s", self.request_id)
+            self.state.metrics.internal_errors.labels(self.admitted.endpoint).inc()
             self.error = FaithproxyError(f"internal error: {type(exc).__name__}")
             yield self._error_frame(self.error)
             yield self.done_frame

@@ -194,3 +194,19 @@ async def test_a_failure_before_admission_gets_an_id_of_its_own(path: str, caplo
     error = error_of(path if path == ANTHROPIC else "/v1/chat/completions", response)
     request_id = response.headers["x-faithproxy-request-id"]
     assert request_id in error["message"] and _logged(caplog, request_id)
+
+
+async def test_a_bug_below_the_reader_in_correct_mode_keeps_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """correct mode turns an exception that is no upstream error into the request's error (the machine
+    decides what a failed round means); its traceback is logged, not lost."""
+    app = create_app(Settings(upstream_url="http://vllm.test", default_detector="none"),
+                     upstream_transport=_Bug(after_first_bytes=True))  # fmt: skip
+    caplog.set_level(logging.ERROR, logger="faithproxy")
+    body = DOORS["/v1/chat/completions"] | {"stream": True}
+    async with running_app(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+        response = await http.post("/v1/chat/completions", json=body, headers=mode_headers("correct"))
+    # the break came before the first verified step: nothing was sent yet, so it is the HTTP error
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "internal error while reading upstream: RuntimeError"
+    (record,) = [r for r in caplog.records if r.getMessage() == "internal error while reading upstream"]
+    assert record.exc_info and "a bug below the proxy, mid-answer" in str(record.exc_info[1])
