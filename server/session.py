@@ -194,10 +194,14 @@ class ChainSession:
                     if isinstance(action, EmitEnd):
                         return
         finally:
-            if task is not None:
-                await _cancel(task)
-            if checker is not None:
-                await _cancel(checker)
+            helpers = [t for t in (task, checker) if t is not None]
+            # Every helper is cancelled before the first await: under a cancelled anyio scope (starlette's
+            # stream cancelled by the client leaving) each await here raises again at once, and a helper
+            # not yet cancelled would be left pending until the garbage collector destroys it.
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                await _cancel(helper)
 
     async def _note(self, action: Tried | Resumed) -> None:
         """Counts a regeneration try or an upstream break; a resume waits before its round starts."""
