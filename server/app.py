@@ -21,7 +21,7 @@ from faithproxy.detectors.registry import DetectorDeps, build_detectors
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
 from faithproxy.server.affinity import RoutingKeyMiddleware
-from faithproxy.server.auth import ALWAYS_OPEN, APIKeyMiddleware
+from faithproxy.server.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddleware
 from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.connections import connection_rules
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
@@ -195,6 +195,7 @@ def create_app(
         open_paths = ALWAYS_OPEN if settings.metrics_require_key else ALWAYS_OPEN | {"/metrics"}
         keys = [key.get_secret_value() for key in settings.api_keys]
         app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths, more_keys=key_policies)
+    app.add_middleware(AnthropicKeyHeader)  # x-api-key on /v1/messages read as a bearer key, by all of the above
     app.add_middleware(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )

@@ -49,6 +49,8 @@ RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
 ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
 STEP_OUTCOMES = ("fixed", "failed")
 REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
+# The `endpoint` label: the door a request came through (server/routers/), its path.
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 # The error reasons are the error codes: every code an error can carry is a label, pre-initialised.
 UPSTREAM_ERRORS = tuple(code.value for code in UpstreamErrorCode)
 DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
@@ -104,7 +106,7 @@ class Metrics:
         self.requests = Counter(
             "faithproxy_requests_total",
             "Requests by mode, detector, HTTP status class and endpoint (the door: its path).",
-            ["mode", "detector", "status"],
+            ["mode", "detector", "status", "endpoint"],
             registry=registry,
         )
         self.in_flight = Gauge(
@@ -188,14 +190,14 @@ class Metrics:
         self.request_duration = Histogram(
             "faithproxy_request_duration_seconds",
             "Request duration as seen by the proxy.",
-            ["mode", "stream"],
+            ["mode", "stream", "endpoint"],
             buckets=_DURATION_BUCKETS,
             registry=registry,
         )
         self.ttft = Histogram(
             "faithproxy_time_to_first_token_seconds",
             "Time from request to the first text byte sent to the client (streams).",
-            ["mode"],
+            ["mode", "endpoint"],
             buckets=_DURATION_BUCKETS,
             registry=registry,
         )
@@ -333,7 +335,8 @@ class Metrics:
                 self.detector_errors.labels(name, reason)
             for mode in MODES:
                 for status in REQUEST_STATUSES:
-                    self.requests.labels(mode, name, status)
+                    for endpoint in ENDPOINTS:
+                        self.requests.labels(mode, name, status, endpoint)
         for stage in CASCADE_STAGES:
             self.cascade_decisions.labels(stage)
         for outcome in HINT_OUTCOMES:
@@ -346,10 +349,11 @@ class Metrics:
         for reason in UPSTREAM_ERRORS:
             self.upstream_errors.labels(reason)
         for mode in MODES:
-            self.ttft.labels(mode)
             self.verification_seconds.labels(mode)
-            for stream in ("true", "false"):
-                self.request_duration.labels(mode, stream)
+            for endpoint in ENDPOINTS:
+                self.ttft.labels(mode, endpoint)
+                for stream in ("true", "false"):
+                    self.request_duration.labels(mode, stream, endpoint)
 
     def preinit_model(self, model: str, detectors: Iterable[str]) -> None:
         """Create the UPR series for a model once it is known, so both UPR ratios exist at zero."""
