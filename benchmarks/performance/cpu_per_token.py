@@ -345,6 +345,24 @@ def start_proxy(name: str, upstream: str, judge_url: str, workdir: Path, site: P
     return Proxy(name, f"http://127.0.0.1:{port}", child)
 
 
+def generator_url(args: argparse.Namespace, workdir: Path, started: list[processes.Child]) -> str:
+    """`--vllm-url`, or a vLLM started on `--model-dir` (the ShapesWorld model by default), added to
+    `started` so that it is stopped with the rest."""
+    if args.vllm_url is not None:
+        return str(args.vllm_url)
+    from faithproxy.tinyvlm.serve import start_vllm
+
+    model_dir = args.model_dir
+    if model_dir is None:
+        from faithproxy.shapesworld.model import WEIGHTS_DIR
+
+        model_dir = WEIGHTS_DIR
+    print(f"starting vLLM ({model_dir}) ...", file=sys.stderr, flush=True)
+    vllm = start_vllm(model_dir, log_path=workdir / "vllm.log")
+    started.append(vllm.child)
+    return str(vllm.base_url)
+
+
 @processes.supervised()  # a signal or a failure stops every server started inside
 def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-cpu-"))
@@ -352,19 +370,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started: list[processes.Child] = []
     load_before = [round(x, 2) for x in os.getloadavg()]
     try:
-        url = args.vllm_url
-        if url is None:
-            from faithproxy.tinyvlm.serve import start_vllm
-
-            model_dir = args.model_dir
-            if model_dir is None:
-                from faithproxy.shapesworld.model import WEIGHTS_DIR
-
-                model_dir = WEIGHTS_DIR
-            print(f"starting vLLM ({model_dir}) ...", file=sys.stderr, flush=True)
-            vllm = start_vllm(model_dir, log_path=workdir / "vllm.log")
-            started.append(vllm.child)
-            url = vllm.base_url
+        url = generator_url(args, workdir, started)
         model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
         judge, judge_url = start_pixel_judge(workdir)
         started.append(judge)

@@ -201,25 +201,13 @@ def render(rows: dict[str, Any]) -> str:
 
 @processes.supervised()  # a signal or a failure stops every server started inside
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from faithproxy.benchmarks.performance.cpu_per_token import start_pixel_judge, start_proxy
+    from faithproxy.benchmarks.performance.cpu_per_token import generator_url, start_pixel_judge, start_proxy
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-doors-"))
     started: list[processes.Child] = []
     load_before = [round(x, 2) for x in os.getloadavg()]
     try:
-        url = args.vllm_url
-        if url is None:
-            from faithproxy.tinyvlm.serve import start_vllm
-
-            model_dir = args.model_dir
-            if model_dir is None:
-                from faithproxy.shapesworld.model import WEIGHTS_DIR
-
-                model_dir = WEIGHTS_DIR
-            print(f"starting vLLM ({model_dir}) ...", file=sys.stderr, flush=True)
-            vllm = start_vllm(model_dir, log_path=workdir / "vllm.log")
-            started.append(vllm.child)
-            url = vllm.base_url
+        url = generator_url(args, workdir, started)
         model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
         judge, judge_url = start_pixel_judge(workdir)  # configured, never called in off mode
         proxy = start_proxy("faithproxy", url, judge_url, workdir, None)
