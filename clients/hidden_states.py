@@ -17,7 +17,10 @@ partial block is computed again. The tokens are the ones the streamed request pr
 text re-tokenizes to them (BPE at sentence ends does; tested against transformers).
 
 The files are written by vLLM and read here: proxy and vLLM must share the storage directory (same
-host, or a shared volume). Files are deleted after reading unless `keep` is set.
+host, or a shared volume). Files are deleted after reading unless `keep` is set. A capture whose call
+is cut off (reset, cancelled) after vLLM wrote its file never learns the file's path, so the client
+also sweeps the directories it has seen, at most once a minute, for capture files older than any
+capture can be (`sweep_stale`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import base64
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +105,32 @@ def read_hidden_states(path: str, layers: list[int], *, keep: bool = False) -> H
     return HiddenStates(data["token_ids"].astype(np.int64), states, list(layers), path)
 
 
+# A capture file is read within a second of being written; one this old belongs to a capture that was cut off.
+STALE_AFTER_S = 600.0
+SWEEP_EVERY_S = 60.0
+
+
+def sweep_stale(directory: str, suffix: str, older_than_s: float, now: float | None = None) -> int:
+    """Deletes the capture files (`suffix`, and their `.lock`) in `directory` last written more than
+    `older_than_s` ago; returns how many files went. Other files are left alone."""
+    now = time.time() if now is None else now
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not (entry.name.endswith(suffix) or entry.name.endswith(suffix + ".lock")):
+            continue
+        try:
+            if now - entry.stat().st_mtime > older_than_s:
+                os.remove(entry.path)
+                removed += 1
+        except OSError:  # gone meanwhile (read and deleted by its capture), or not ours to delete
+            continue
+    return removed
+
+
 class HiddenStatesClient:
     """Prefill requests to a route-1 vLLM and the per-step features they yield.
 
@@ -112,6 +142,21 @@ class HiddenStatesClient:
         self.layers = list(layers)
         self.keep_files = keep_files
         self.requests = 0
+        self._seen: dict[str, str] = {}  # directory -> the suffix of the capture files written there
+        self._next_sweep = 0.0
+
+    async def _sweep(self, path: str) -> None:
+        """Notes `path`'s directory and, at most every SWEEP_EVERY_S, removes stale captures there."""
+        if self.keep_files:
+            return
+        directory, name = os.path.split(path)
+        self._seen[directory] = os.path.splitext(name)[1] or name
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_EVERY_S
+        for seen, suffix in list(self._seen.items()):
+            await asyncio.to_thread(sweep_stale, seen, suffix, STALE_AFTER_S)
 
     async def capture(self, model: str, messages: list[dict[str, Any]], assistant_text: str) -> HiddenStates:
         """States of every token of `messages` + the partial assistant message `assistant_text`."""
@@ -134,6 +179,7 @@ class HiddenStatesClient:
                 "hidden-states connector (clients.hidden_states.server_args)?",
                 code=UpstreamErrorCode.NO_HIDDEN_STATES,
             )
+        await self._sweep(path)
         try:
             return await asyncio.to_thread(read_hidden_states, path, self.layers, keep=self.keep_files)
         except (OSError, ValueError) as exc:
