@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import random
@@ -117,6 +118,29 @@ def _rss_kib() -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]  # fmt: skip
+
+
+def _heap_mib() -> dict[str, float]:
+    """glibc's own count of the heap: bytes handed out (live C and Python allocations, mmapped blocks
+    included) and bytes it holds free. RSS that grows while `heap_in_use_mib` stays flat is the
+    allocator keeping freed pages (fragmentation), not live objects. Empty where glibc has no mallinfo2."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return {}
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    mib = 1024 * 1024
+    return {
+        "heap_in_use_mib": round((info.uordblks + info.hblkhd) / mib, 2),
+        "heap_free_mib": round(info.fordblks / mib, 2),
+    }
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -146,6 +170,8 @@ async def sample_forever(
                 "lag_mean_ms": round(statistics.fmean(lags) * 1e3, 2),
                 "lag_max_ms": round(max(lags) * 1e3, 1),
                 "upstream_resets": transport.resets,
+                "py_blocks": sys.getallocatedblocks(),  # live blocks of Python's own allocator
+                **_heap_mib(),
                 **_proxy_counts(app),
             }
             if storage is not None:
@@ -283,16 +309,31 @@ def slopes(samples: list[dict[str, Any]], warmup_min: float, end_min: float) -> 
     if len(kept) < 3:
         return out
     t = [s["t_min"] for s in kept]
-    for key in ("rss_mib", "fds", "tasks", "lag_mean_ms"):
+    late = kept[len(kept) // 2 :]  # the second half: whether a figure levelled off
+    for key in ("rss_mib", "fds", "tasks", "lag_mean_ms", "py_blocks", "heap_in_use_mib", "heap_free_mib"):
+        if not all(key in s for s in kept):
+            continue
         ys = [float(s[key]) for s in kept]
-        slope = statistics.linear_regression(t, ys).slope
         out[key] = {
-            "slope_per_min": round(slope, 3),
+            **_fit(t, ys),
             "min": min(ys),
             "max": max(ys),
             "stdev": round(statistics.pstdev(ys), 2),
         }
+        if len(late) >= 3:
+            out[key]["second_half"] = _fit([s["t_min"] for s in late], [float(s[key]) for s in late])
     return out
+
+
+def _fit(t: list[float], ys: list[float]) -> dict[str, float]:
+    """Least-squares slope per minute with two standard errors: a slope within ±2 SE of 0 is flat."""
+    fit = statistics.linear_regression(t, ys)
+    n = len(t)
+    mean_t = statistics.fmean(t)
+    residual = sum((y - (fit.intercept + fit.slope * x)) ** 2 for x, y in zip(t, ys, strict=True))
+    spread_t = sum((x - mean_t) ** 2 for x in t)
+    se = (residual / (n - 2) / spread_t) ** 0.5 if n > 2 and spread_t > 0 else float("nan")
+    return {"slope_per_min": round(fit.slope, 4), "two_se": round(2 * se, 4)}
 
 
 async def drive(args: argparse.Namespace, url: str, model: str, samples: Path) -> dict[str, Any]:

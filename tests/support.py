@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.clients.judges import JudgeConfig
+from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
+from faithproxy.testing import Chain, FakeUpstream, planted_sentence, running_app, threaded_app
 
 
 def local_judge_settings(vllm_url: str, judge_url: str, **overrides: Any) -> Settings:
@@ -53,3 +58,20 @@ def local_judge_config(backend: str, url: str, **overrides: Any) -> JudgeConfig:
         "max_retries": 0,
     }
     return JudgeConfig.model_validate(values | overrides)
+
+
+@contextlib.asynccontextmanager
+async def planted_chain_proxy(
+    n: int, seed: int, planted: int, **settings: Any
+) -> AsyncIterator[tuple[str, FakeUpstream]]:
+    """The real proxy (uvicorn on 127.0.0.1) in front of a fake vLLM streaming `chain n= seed= planted=`
+    chains instantly, with a local judge (`j`) that flags the planted sentence: (proxy URL, the fake vLLM)."""
+    vllm = FakeUpstream(Chain(token_s=0.0, ttft_s=0.0))
+    judge_app = create_judge_app({"unfaithful": [planted_sentence(n, seed, planted)]})
+    with threaded_app(judge_app) as judge_url:
+        judge = JudgeConfig(
+            name="j", backend="anthropic", model="judge-model", base_url=judge_url, api_key="sk-test", max_retries=0
+        )  # type: ignore[arg-type]
+        config = Settings(upstream_url="http://vllm.test", judges=[judge], **settings)
+        async with running_app(create_app(config, upstream_transport=vllm.transport())) as url:
+            yield url, vllm

@@ -9,17 +9,13 @@ an empty name sends none.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.clients.judges import JudgeConfig
-from faithproxy.server.app import create_app
-from faithproxy.server.settings import Settings
-from faithproxy.testing import Chain, FakeUpstream, planted_sentence, running_app, threaded_app
+from faithproxy.testing import FakeUpstream
+from tests.support import planted_chain_proxy
 
 N, SEED, PLANTED = 6, 1, 2
 BODY = {
@@ -29,17 +25,8 @@ BODY = {
 }
 
 
-@contextlib.asynccontextmanager
-async def proxy(**settings: Any) -> AsyncIterator[tuple[str, FakeUpstream]]:
-    vllm = FakeUpstream(Chain(token_s=0.0, ttft_s=0.0))
-    judge_app = create_judge_app({"unfaithful": [planted_sentence(N, SEED, PLANTED)]})
-    with threaded_app(judge_app) as judge_url:
-        judge = JudgeConfig(
-            name="j", backend="anthropic", model="judge-model", base_url=judge_url, api_key="sk-test", max_retries=0
-        )  # type: ignore[arg-type]
-        config = Settings(upstream_url="http://vllm.test", judges=[judge], **settings)
-        async with running_app(create_app(config, upstream_transport=vllm.transport())) as url:
-            yield url, vllm
+def proxy(**settings: Any) -> contextlib.AbstractAsyncContextManager[tuple[str, FakeUpstream]]:
+    return planted_chain_proxy(N, SEED, PLANTED, **settings)
 
 
 async def corrected(url: str, headers: dict[str, str] | None = None) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,22 +226,34 @@ def variants(kwargs: dict[str, Any]) -> Iterator[tuple[dict[str, str], bytes, An
             yield headers, content, body
 
 
-@pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
-def test_schemathesis_chat_completions(mode: GenerationMode, app_in_process: InProcess) -> None:
-    operation = SCHEMA["/v1/chat/completions"]["POST"]
+def fuzz_cases(
+    operation: Any, mode: GenerationMode, examples: int, each: Callable[[dict[str, Any], Counter[str]], None]
+) -> Counter[str]:
+    """`examples` schemathesis cases of `operation`, each handed to `each` as transport kwargs with the
+    tally it adds to; the tally (with "cases") comes back."""
     seen: Counter[str] = Counter()
 
     @given(case=operation.as_strategy(mode))
-    @settings(FUZZ_SETTINGS, max_examples=CASES[mode])
+    @settings(FUZZ_SETTINGS, max_examples=examples)
     def run(case: Any) -> None:
         seen["cases"] += 1
-        kwargs = case.as_transport_kwargs()
+        each(case.as_transport_kwargs(), seen)
+
+    run()
+    return seen
+
+
+@pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
+def test_schemathesis_chat_completions(mode: GenerationMode, app_in_process: InProcess) -> None:
+    operation = SCHEMA["/v1/chat/completions"]["POST"]
+
+    def each(kwargs: dict[str, Any], seen: Counter[str]) -> None:
         for headers, content, body in variants(kwargs):
             answer = app_in_process.call(kwargs["method"], kwargs["url"], headers, content)
             check(answer, injected(body), seen)
             seen["requests"] += 1
 
-    run()
+    seen = fuzz_cases(operation, mode, CASES[mode], each)
     print(f"schemathesis {mode.value}: {dict(seen)}")
     assert seen["requests"] == len(VARIANTS) * seen["cases"] >= len(VARIANTS) * CASES[mode] * 0.9
     if mode is GenerationMode.POSITIVE:
@@ -326,7 +338,6 @@ def test_schemathesis_other_operations(path: str) -> None:
 
 
 # ---- hypothesis on the parsers ------------------------------------------------------------------
-
 
 
 def _nest(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:

@@ -11,26 +11,24 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
 from schemathesis.generation import GenerationMode
 
-from tests.server.test_fuzz import APP, FUZZ_SETTINGS, INJECTED, SCHEMA, VARIANTS, InProcess, injected, variants
+from tests.server.test_fuzz import (  # noqa: F401 - app_in_process is a fixture
+    INJECTED,
+    SCHEMA,
+    VARIANTS,
+    InProcess,
+    app_in_process,
+    fuzz_cases,
+    injected,
+    variants,
+)
 
 CASES = {GenerationMode.POSITIVE: 12, GenerationMode.NEGATIVE: 6}
 DOORS = ["/v1/completions", "/v1/responses", "/v1/messages"]
-
-
-@pytest.fixture(scope="module")
-def in_process() -> Iterator[InProcess]:
-    driver = InProcess(APP)
-    try:
-        yield driver
-    finally:
-        driver.close()
 
 
 def _injected_error(error: Any) -> bool:
@@ -72,20 +70,15 @@ def check(answer: Any, failing: bool, seen: Counter[str], door: str) -> None:
 
 @pytest.mark.parametrize("door", DOORS)
 @pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
-def test_schemathesis_doors(door: str, mode: GenerationMode, in_process: InProcess) -> None:
+def test_schemathesis_doors(door: str, mode: GenerationMode, app_in_process: InProcess) -> None:  # noqa: F811
     operation = SCHEMA[door]["POST"]
-    seen: Counter[str] = Counter()
 
-    @given(case=operation.as_strategy(mode))
-    @settings(FUZZ_SETTINGS, max_examples=CASES[mode])
-    def run(case: Any) -> None:
-        seen["cases"] += 1
-        kwargs = case.as_transport_kwargs()
+    def each(kwargs: dict[str, Any], seen: Counter[str]) -> None:
         for headers, content, body in variants(kwargs):
-            check(in_process.call(kwargs["method"], kwargs["url"], headers, content), injected(body), seen, door)
+            check(app_in_process.call(kwargs["method"], kwargs["url"], headers, content), injected(body), seen, door)
             seen["requests"] += 1
 
-    run()
+    seen = fuzz_cases(operation, mode, CASES[mode], each)
     print(f"schemathesis {door} {mode.value}: {dict(seen)}")
     assert seen["requests"] == len(VARIANTS) * seen["cases"] >= len(VARIANTS) * CASES[mode] * 0.9
     if mode is GenerationMode.POSITIVE:

@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import given, settings
 from schemathesis.generation import GenerationMode
 
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
-from tests.server.test_fuzz import FUZZ_SETTINGS, FlakyVLLM, InProcess, check, injected
+from tests.server.test_fuzz import FlakyVLLM, InProcess, check, fuzz_cases, injected
 
 API_KEY = "fp-fuzz-api-key-0001"  # FAITHPROXY_API_KEYS: the default policy
 KEYS = {
@@ -106,13 +105,8 @@ def _check_refusal(answer: Any, name: str, upstream_calls: int, vllm: FlakyVLLM,
 def test_schemathesis_with_a_policy_file(mode: GenerationMode, served: tuple[InProcess, FlakyVLLM, Any]) -> None:
     driver, vllm, schema = served
     operation = schema["/v1/chat/completions"]["POST"]
-    seen: Counter[str] = Counter()
 
-    @given(case=operation.as_strategy(mode))
-    @settings(FUZZ_SETTINGS, max_examples=CASES[mode])
-    def run(case: Any) -> None:
-        seen["cases"] += 1
-        kwargs = case.as_transport_kwargs()
+    def each(kwargs: dict[str, Any], seen: Counter[str]) -> None:
         body = kwargs.get("json")
         for name, headers, content in _variants(kwargs):
             upstream_calls = len(vllm.requests)
@@ -123,7 +117,7 @@ def test_schemathesis_with_a_policy_file(mode: GenerationMode, served: tuple[InP
                 _check_refusal(answer, name, upstream_calls, vllm, seen)
             seen["requests"] += 1
 
-    run()
+    seen = fuzz_cases(operation, mode, CASES[mode], each)
     print(f"schemathesis with a policy, {mode.value}: {dict(seen)}")
     assert seen["requests"] == len(KEYS) * len(MODE_OVERRIDES) * seen["cases"] >= 8 * CASES[mode] * 0.9
     assert seen["4xx"] >= 1 and any(k.startswith("403 ") for k in seen)  # refusals are in the fuzzed space

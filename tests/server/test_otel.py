@@ -17,12 +17,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
-from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server import otel
-from faithproxy.server.app import create_app
-from faithproxy.server.settings import Settings
-from faithproxy.testing import Chain, FakeUpstream, frames, metric, planted_sentence, running_app, threaded_app
+from faithproxy.testing import FakeUpstream, frames, metric
+from tests.support import planted_chain_proxy
 
 N, SEED, PLANTED = 6, 1, 2
 BODY = {"model": "chain-model", "messages": [{"role": "user", "content": f"chain n={N} seed={SEED} planted={PLANTED}"}]}
@@ -36,16 +33,8 @@ async def proxy(
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
         monkeypatch.setattr(otel, "_exporter", lambda environ: exporter)
-    vllm = FakeUpstream(Chain(token_s=0.0, ttft_s=0.0))
-    judge_app = create_judge_app({"unfaithful": [planted_sentence(N, SEED, PLANTED)]})
-    with threaded_app(judge_app) as judge_url:
-        judge = JudgeConfig(
-            name="j", backend="anthropic", model="judge-model", base_url=judge_url, api_key="sk-test", max_retries=0
-        )  # type: ignore[arg-type]
-        config = Settings(upstream_url="http://vllm.test", judges=[judge], **settings)
-        app = create_app(config, upstream_transport=vllm.transport())
-        async with running_app(app) as url:
-            yield url, vllm
+    async with planted_chain_proxy(N, SEED, PLANTED, **settings) as served:
+        yield served
 
 
 async def test_a_corrected_request_reads_back_as_a_span_tree(monkeypatch: pytest.MonkeyPatch) -> None:
