@@ -178,7 +178,6 @@ class Passthrough(Response):
         except asyncio.CancelledError:
             if not self.disconnected or task.uncancel() > 0:
                 raise  # not (only) the client going away: let it through
-            self.state.metrics.client_disconnects.inc()
             return
         finally:
             if not watcher.done():
@@ -202,6 +201,8 @@ class Passthrough(Response):
         if self._finished:
             return
         self._finished = True
+        if self.disconnected:  # counted here, not where the cancellation lands: a send that fails first
+            self.state.metrics.client_disconnects.inc()  # on the closed socket must not lose the count
         trace = RequestTrace(self.admitted, self.status, self.ttft, self.error, self.disconnected)
         finish_request(trace, self.state.metrics, self.state.tracer)
 
