@@ -201,8 +201,11 @@ class Passthrough(Response):
         if self._finished:
             return
         self._finished = True
-        if self.disconnected:  # counted here, not where the cancellation lands: a send that fails first
-            self.state.metrics.client_disconnects.inc()  # on the closed socket must not lose the count
+        # A stream's disconnect is counted here, not where the cancellation lands: a send that fails first
+        # on the closed socket must not lose the count. A non-streamed request is no stream (the metric's
+        # help); its client leaving shows in faithproxy_abandoned_requests_total (server/client_gone.py).
+        if self.disconnected and self.admitted.stream:
+            self.state.metrics.client_disconnects.inc()
         trace = RequestTrace(self.admitted, self.status, self.ttft, self.error, self.disconnected)
         finish_request(trace, self.state.metrics, self.state.tracer)
 
