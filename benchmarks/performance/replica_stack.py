@@ -92,7 +92,10 @@ class Router:
         self.child.stop()
 
 
-def start_router(workers: Sequence[str], policy: str, log_path: Path, timeout_s: float = 60.0) -> Router:
+def start_router(
+    workers: Sequence[str], policy: str, log_path: Path, timeout_s: float = 60.0, extra_args: Sequence[str] = ()
+) -> Router:
+    """`extra_args`: more of the router's own options (e.g. `--disable-retries`)."""
     port = free_port()
     argv = [
         str(router_binary()),
@@ -104,6 +107,7 @@ def start_router(workers: Sequence[str], policy: str, log_path: Path, timeout_s:
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(free_port()),
         *ROUTER_HEALTH_ARGS,
+        *extra_args,
     ]  # fmt: skip
     child = processes.start(
         argv, log_path, f"http://127.0.0.1:{port}/health", name=f"vllm-router ({policy})", timeout_s=timeout_s

@@ -70,7 +70,9 @@ Item = Step | TrailingRaw | Extras
 # [DONE]), or it fell silent past the idle limit. Not a bad request, not a malformed chunk: those would
 # fail the same way again.
 _BREAKS = frozenset({UpstreamErrorCode.STREAM_BROKEN, UpstreamErrorCode.STREAM_TRUNCATED, UpstreamErrorCode.STALLED})
-# What a router answers for a backend it cannot reach (vLLM itself answers 500 for its own errors)
+# What a router answers for a backend it cannot reach. vllm-router also answers 500 for one ("Request
+# failed: error sending request for url ...", plain text): a 500 refuses as a gateway when its body is
+# not the JSON error object vLLM writes for its own errors (those would fail the same way again).
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
 
 
@@ -652,7 +654,7 @@ class CorrectionCore:
 
 def _refused(error: UpstreamError) -> bool:
     if isinstance(error, UpstreamStatusError):
-        return error.status_code in _GATEWAY_STATUSES
+        return error.status_code in _GATEWAY_STATUSES or (error.status_code == 500 and not isinstance(error.body, dict))
     return error.code == UpstreamErrorCode.CONNECT
 
 

@@ -35,8 +35,11 @@ def failed(code: str) -> RoundFailed:
     return RoundFailed(UpstreamError(f"upstream: {code}", code=code))
 
 
-def refused(status: int) -> RoundFailed:
-    return RoundFailed(UpstreamStatusError(f"upstream: HTTP {status}", status_code=status))
+def refused(status: int, body: object = None) -> RoundFailed:
+    return RoundFailed(UpstreamStatusError(f"upstream: HTTP {status}", status_code=status, body=body))
+
+
+VLLM_ERROR = {"error": {"message": "EngineCore encountered an issue", "type": "InternalServerError", "code": 500}}
 
 
 CORRECT = [
@@ -185,14 +188,40 @@ CORRECT += [
     Case(
         "an-unreachable-upstream-is-tried-until-the-attempts-run-out",
         [failed("connect"), failed("connect"), failed("connect")],
-        ["start", "resumed #1 resumed", "drop", "start", "resumed #2 resumed", "drop", "start",
-         "resumed #3 exhausted", "fail UpstreamError"],  # fmt: skip
+        [
+            "start",
+            "resumed #1 resumed",
+            "drop",
+            "start",
+            "resumed #2 resumed",
+            "drop",
+            "start",
+            "resumed #3 exhausted",
+            "fail UpstreamError",
+        ],  # fmt: skip
     ),
     Case(
-        # vLLM's own 500 is no gateway refusing: it would fail the same way again
+        # vLLM's own 500 (its JSON error object) is no gateway refusing: it would fail the same way again
         "a-500-of-the-first-round-fails",
-        [refused(500)],
+        [refused(500, VLLM_ERROR)],
         ["start", "fail UpstreamStatusError"],
+    ),
+    Case(
+        # vllm-router answers 500 in plain text for a replica it cannot reach (before its health check
+        # notices): a gateway refusal, sent again, a continuation round as much as the first
+        "a-routers-plain-text-500-goes-out-again",
+        [(p("Box A."), broke()), verdicts("F"), refused(500), (r("So A."), end())],
+        [
+            "start",
+            "check Box A.",
+            "step Box A.",
+            "resumed #1 resumed",
+            "drop",
+            "continue content=' Box A.'",
+            "resumed #2 resumed",
+            "drop",
+            "continue content=' Box A.'",
+        ],  # fmt: skip
     ),
 ]
 

@@ -9,6 +9,8 @@ each request, so requests are measured one at a time.
   on one replica under consistent hash; round robin spreads them. Prefix-cache hit rate: consistent
   hash within 5 points of one replica served directly.
 - Generated keys spread requests over both replicas (neither takes more than 65%).
+- A replica that drops calls while it still passes health checks: the router answers 500 in plain
+  text; correct mode sends the round again and the client sees no error.
 - SIGKILL of one replica under load (8 concurrent verified streams, 40 requests): correct mode shows the
   client no error, every chain ends complete, the resumes are counted; off mode's streams that were on
   the dead replica end with the documented error frame.
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,6 +165,67 @@ async def test_generated_keys_spread_requests_over_both_replicas(stack: Stack) -
     counts = [a.calls - b.calls for a, b in zip(after, before, strict=True)]
     print(f"\nreplicas: {SPREAD_REQUESTS} requests with generated keys spread {counts}")
     assert sum(counts) == SPREAD_REQUESTS and max(counts) <= 0.65 * SPREAD_REQUESTS
+
+
+class ResettingWorker:
+    """A replica that passes the router's health checks (every GET: 200) but drops every POST without
+    an answer, like a replica dying between two health checks: the router answers such a call 500 in
+    plain text ("Request failed: error sending request for url ..."), not 502."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.posts = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                head = conn.recv(65536)
+                if head.startswith(b"GET"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                else:
+                    self.posts += 1
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+async def test_a_routers_plain_500_for_an_unreachable_replica_is_resumed(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """vllm-router (round robin) over a live replica and one that drops every call: a round the router
+    sends to the dead one comes back 500 before its first byte; correct mode sends it again (round robin's
+    next pick is the live replica) and the client sees no error. The router's own retries are off: under
+    round robin they would hide the 500 (a retry goes to the live replica), under consistent hash they go
+    to the same dead replica and the 500 reaches the proxy, as in the kill test below. Scenes without a
+    planted error: one round each, no rewrite, so every call the dead replica got was a round."""
+    dead = ResettingWorker()
+    log = tmp_path_factory.mktemp("router-500") / "router.log"
+    router = rs.start_router(
+        [stack.replicas[0].base_url, dead.url], "round_robin", log, extra_args=["--disable-retries"]
+    )
+    settings = local_judge_settings(router.base_url, stack.judge_url)
+    try:
+        async with running_app(create_app(settings)) as url, httpx.AsyncClient(timeout=300) as http:
+            for scene in ("green_circle", "yellow_triangle"):  # one of the two first rounds, at least, is refused
+                body = rs.scene_request(scene, stack.next_nonce())
+                response = await http.post(f"{url}/v1/chat/completions", json=body)
+                summary, errors, finish = summary_of(response.text)
+                assert response.status_code == 200 and errors == [] and finish == "stop", response.text[-500:]
+                assert summary is not None and summary["regenerations"] == 0
+            metrics = await proxy_metrics(url)
+    finally:
+        router.stop()
+        dead.close()
+    resumed = metric(metrics, "faithproxy_upstream_resumes_total", outcome="resumed")
+    print(f"\nreplicas: calls the dead replica dropped {dead.posts}, resumed {resumed}")
+    assert dead.posts >= 1 and resumed == dead.posts
+    assert metric(metrics, "faithproxy_upstream_resumes_total", outcome="exhausted") == 0
 
 
 async def _running(server: VLLMServer) -> float:
