@@ -173,6 +173,7 @@ async def sample_forever(
                 "py_blocks": sys.getallocatedblocks(),  # live blocks of Python's own allocator
                 **_heap_mib(),
                 **_proxy_counts(app),
+                **_trims(app),
             }
             if storage is not None:
                 row["hidden_state_files"] = sum(name.endswith(".safetensors") for name in os.listdir(storage))
@@ -180,6 +181,14 @@ async def sample_forever(
             out.flush()
             if tracing is not None:
                 tracing.sample(path.with_suffix(".tracemalloc.txt"), row["t_min"])
+
+
+def _trims(app: Any) -> dict[str, Any]:
+    """The heap trimmer's calls so far (server/heap_trim.py) and the seconds they took together."""
+    trimmer = getattr(app.state, "heap_trimmer", None)
+    if trimmer is None or trimmer.trims == 0:
+        return {}
+    return {"heap_trims": trimmer.trims, "heap_trim_s": round(trimmer.seconds, 3)}
 
 
 class _Growth:
@@ -422,6 +431,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "FAITHPROXY_DEFAULT_JUDGE": "bench",
                 "FAITHPROXY_CLIENT_BODY_TIMEOUT_S": str(CLIENT_BODY_TIMEOUT_S),
             }
+            env["FAITHPROXY_HEAP_TRIM_INTERVAL_S"] = str(args.heap_trim_s)
+            if args.malloc_arena_max is not None:
+                env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
             if args.reports_max_count is not None:  # the report stores grow until full or an hour old
                 env["FAITHPROXY_REPORTS_MAX_COUNT"] = str(args.reports_max_count)
             if probe is not None:
@@ -463,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", help="where vLLM writes hidden states (with --probe and --vllm-url)")
     parser.add_argument("--reports-max-count", type=int, help="the proxy's report store size (default: its own)")
     parser.add_argument("--tracemalloc", action="store_true", help="trace the proxy's allocations (diagnostic)")
+    parser.add_argument(
+        "--heap-trim-s", type=float, default=60.0, help="the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (0: no trims)"
+    )
+    parser.add_argument("--malloc-arena-max", type=int, help="glibc's MALLOC_ARENA_MAX for the proxy's process")
     parser.add_argument("--out", help="write the samples, request counts and slopes as JSON here")
     parser.add_argument("--port", type=int, help="serve: the proxy's port")
     parser.add_argument("--samples", help="serve: the file the sampler appends to")
@@ -471,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(args))
         return 0
     result = run(args)
+    result["config"] = {k: v for k, v in vars(args).items() if k not in ("role", "port", "samples", "out")}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0

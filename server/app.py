@@ -25,6 +25,7 @@ from faithproxy.server.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddle
 from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.connections import connection_rules
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
+from faithproxy.server.heap_trim import HeapTrimmer
 from faithproxy.server.internal_errors import InternalErrorMiddleware
 from faithproxy.server.key_policy import KeyPolicies
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
@@ -153,6 +154,8 @@ def create_app(
         )
         app.state.faithproxy = state
         _start_policies(key_policies, metrics)
+        app.state.heap_trimmer = trimmer = HeapTrimmer(settings.heap_trim_interval_s)
+        trimmer.start()
         try:
             listing = await generator.models()
             state.learn_models([m["id"] for m in listing.get("data", []) if isinstance(m, dict) and "id" in m])
@@ -170,6 +173,7 @@ def create_app(
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
             await reports.aclose()  # Redis: the writes in flight land, this loop's connections close
             await _stop_operators_tools(key_policies, telemetry)
+            await trimmer.stop()
 
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)

@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     think_open_tag: str = "<think>"
     think_close_tag: str = "</think>"
 
+    # Seconds between malloc_trim(0) calls that hand the heap glibc holds free back to the OS
+    # (server/heap_trim.py; the soak's RSS climb was freed memory kept, not live objects); 0: never.
+    heap_trim_interval_s: float = Field(60.0, ge=0)
+
     trace_path: str | None = None
     # Per-step reports of finished verified requests, for GET /v1/faithfulness/{request_id} (server/
     # reports.py): kept in memory, the newest `reports_max_count` (0: none), none older than the age.
