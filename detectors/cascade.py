@@ -9,6 +9,10 @@ Going through the steps in order:
   the steps the probe passed before it as "checked before" context), and its verdicts are taken as they
   are. Reasoning steps before that point pass as FAITHFUL.
 
+A rewrite's candidate (view.rewrite) goes through the same stages, or, with `rewrites="judge"`
+(FAITHPROXY_CASCADE_REWRITES), to the judge alone: the probe learned from the model's own drafts, and a
+rewrite that passes its check goes out as the model's step with nothing after it to catch it.
+
 Thresholds come per request (view.options `cascade_low`, `cascade_high`, from the headers it declares),
 else from the settings (DetectorDeps). The probe's features come back in the CheckResult.
 `decisions` counts which stage decided each step; the server turns it into
@@ -21,7 +25,7 @@ import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.judge import JudgeDetector
@@ -67,9 +71,13 @@ class CascadeDetector(Detector):
         low: float = 0.1,
         high: float = 0.9,
         on_decision: Callable[[str, int], None] | None = None,
+        rewrites: str = "cascade",
     ) -> None:
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"cascade thresholds must satisfy 0 <= low <= high <= 1 (got {low}, {high})")
+        if rewrites not in ("cascade", "judge"):
+            raise ValueError(f"cascade rewrites must be checked by 'cascade' or 'judge' (got {rewrites!r})")
+        self.rewrites = rewrites
         self.probe = probe
         self.judge = judge
         self.low = low
@@ -84,7 +92,14 @@ class CascadeDetector(Detector):
         judge = next((d for d in built.values() if isinstance(d, JudgeDetector)), None)
         if probe is None or judge is None:
             return None
-        return cls(probe, judge, low=deps.cascade_low, high=deps.cascade_high, on_decision=deps.on_cascade_decision)
+        return cls(
+            probe,
+            judge,
+            low=deps.cascade_low,
+            high=deps.cascade_high,
+            on_decision=deps.on_cascade_decision,
+            rewrites=deps.cascade_rewrites,
+        )
 
     def validate_request(self, view: RequestView) -> None:
         self.probe.validate_request(view)
@@ -104,6 +119,8 @@ class CascadeDetector(Detector):
         if not new_steps:
             return CheckResult(())
         started = time.perf_counter()
+        if view.rewrite and self.rewrites == "judge":
+            return await self._judged(view, new_steps, [None] * len(new_steps), None, started)
         low, high = self.thresholds(view)
         scores, features = await self.probe.scores(view, new_steps)
         latency = time.perf_counter() - started
@@ -133,15 +150,28 @@ class CascadeDetector(Detector):
                     return CheckResult(tuple(verdicts), features=features)
                 continue
             # uncertain: the judge decides from here on, with the steps passed so far as context
-            result = await self.judge.check(view.with_accepted([*view.accepted, *new_steps[:i]]), new_steps[i:])
-            judged = result.verdicts
-            kinds = [v.kind or s.kind for s, v in zip(new_steps[i:], judged, strict=True)]
-            self._count("judge", sum(1 for kind in kinds if kind is StepKind.PERCEPTION))
-            elapsed = time.perf_counter() - started
-            for verdict, p in zip(judged, scores[i:], strict=True):
-                reason = f"cascade:{verdict.reason or 'judge'}"
-                verdicts.append(
-                    dataclasses.replace(verdict, detector=self.name, reason=reason, latency_s=elapsed, score=p)
-                )
-            return CheckResult(tuple(verdicts), result.usage, features)
+            view = view.with_accepted([*view.accepted, *new_steps[:i]])
+            judged = await self._judged(view, new_steps[i:], scores[i:], features, started)
+            return dataclasses.replace(judged, verdicts=(*verdicts, *judged.verdicts))
         return CheckResult(tuple(verdicts), features=features)
+
+    async def _judged(
+        self,
+        view: RequestView,
+        steps: list[Step],
+        scores: list[float | None],
+        features: Any,  # the probe's, for the whole batch (None: it was not asked)
+        started: float,
+    ) -> CheckResult:
+        """The judge's verdicts on `steps`, named for the cascade, with the probe's score beside each."""
+        result = await self.judge.check(view, steps)
+        kinds = [v.kind or s.kind for s, v in zip(steps, result.verdicts, strict=True)]
+        self._count("judge", sum(1 for kind in kinds if kind is StepKind.PERCEPTION))
+        elapsed = time.perf_counter() - started
+        verdicts = [
+            dataclasses.replace(
+                verdict, detector=self.name, reason=f"cascade:{verdict.reason or 'judge'}", latency_s=elapsed, score=p
+            )
+            for verdict, p in zip(result.verdicts, scores, strict=True)
+        ]
+        return CheckResult(tuple(verdicts), result.usage, features)

@@ -134,6 +134,9 @@ class RequestView:
     # markers the model saw; None: the default (`think`).
     reasoning_format: ReasoningFormat | None = None
     judge_state: JudgeState = field(default_factory=JudgeState)
+    # True while the steps checked are a rewrite's candidate (one regeneration try), not the model's own
+    # draft: a detector may check those differently (the cascade can hand them to its judge).
+    rewrite: bool = False
 
     def __post_init__(self) -> None:
         # Lists handed in become tuples, a dict of options a read-only mapping: a detector cannot change

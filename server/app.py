@@ -122,6 +122,7 @@ def create_app(
             hidden=hidden,
             cascade_low=settings.cascade_low,
             cascade_high=settings.cascade_high,
+            cascade_rewrites=settings.cascade_rewrites,
             judge_samples=settings.judge_samples,
             on_cascade_decision=lambda stage, n: built_metrics[0].cascade_decisions.labels(stage).inc(n),
         )

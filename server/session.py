@@ -240,6 +240,8 @@ class ChainSession:
         """The detector's verdicts; the trace's hidden-state features are read beside them when the
         server records features and the detector does not read its own (new steps only, not rewrites)."""
         view = self.view.with_accepted(check.accepted)
+        if check.candidate:
+            view = dataclasses.replace(view, rewrite=True)
         if self.hidden_states is None or self.detector.reads_hidden_states or check.candidate:
             return await self._check(view, check)
         checked, features = await asyncio.gather(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import pytest
@@ -110,3 +111,24 @@ async def test_thresholds_come_from_the_request(low: float, high: float, judged:
 def test_thresholds_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="low <= high"):
         CascadeDetector(FixedProbe({}), RecordingJudge(), low=0.8, high=0.2)
+
+
+@pytest.mark.parametrize("rewrites", ["cascade", "judge"])
+async def test_a_rewrite_goes_to_the_judge_alone_when_configured(rewrites: str) -> None:
+    # the probe is sure the candidate is faithful; only with rewrites="judge" does the judge see it
+    judge = RecordingJudge(bad={"B."})
+    detector, seen = cascade({"B.": 0.01}, judge, rewrites=rewrites)
+    draft = (await detector.check(ctx(), steps("B."))).verdicts
+    rewrite = (await detector.check(dataclasses.replace(ctx(), rewrite=True), steps("B."))).verdicts
+    assert [v.faithfulness for v in draft] == [F]  # a draft step: the probe decides either way
+    if rewrites == "judge":
+        assert [v.faithfulness for v in rewrite] == [U] and judge.calls == [([], ["B."])]
+        assert rewrite[0].detector == "cascade" and rewrite[0].reason == "cascade:judge:x" and rewrite[0].score is None
+        assert seen == [("probe", 1), ("judge", 1)]
+    else:
+        assert [v.faithfulness for v in rewrite] == [F] and judge.calls == []
+
+
+def test_rewrites_are_checked_by_the_cascade_or_the_judge() -> None:
+    with pytest.raises(ValueError, match="'cascade' or 'judge'"):
+        CascadeDetector(FixedProbe({}), RecordingJudge(), rewrites="probe")
