@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -436,6 +437,7 @@ def benchmark(
         "cascade_thresholds": list(cascade or (defaults.cascade_low, defaults.cascade_high))
         if any(r.detector == "cascade" for r in rows)
         else None,
+        "cascade_rewrites": defaults.cascade_rewrites if any(r.detector == "cascade" for r in rows) else None,
         "vanilla": vanilla,
         "detectors": score_rows(items, raw, detectors),
     }
@@ -465,6 +467,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cascade-low", type=float, help="the cascade's low threshold (default: the settings')")
     parser.add_argument("--cascade-high", type=float, help="the cascade's high threshold (default: the settings')")
+    parser.add_argument(
+        "--cascade-rewrites",
+        choices=["cascade", "judge"],
+        help="who checks a rewrite under the cascade (FAITHPROXY_CASCADE_REWRITES; default: the settings')",
+    )
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-retries", type=int, default=3, help="K: regeneration tries per unfaithful step")
     parser.add_argument(
@@ -553,6 +560,8 @@ def main(args: argparse.Namespace) -> int:
         )
     from faithproxy.server.settings import Settings
 
+    if args.cascade_rewrites is not None:  # every proxy of the run reads its settings from the environment
+        os.environ["FAITHPROXY_CASCADE_REWRITES"] = args.cascade_rewrites
     defaults = Settings()
     probe_path = args.probe or (Path(defaults.probe_path) if defaults.probe_path else None)
     low = defaults.cascade_low if args.cascade_low is None else args.cascade_low
@@ -646,6 +655,7 @@ _OPTIONS = (
     "probe",
     "cascade_low",
     "cascade_high",
+    "cascade_rewrites",
     "concurrency",
     "max_retries",
     "regeneration_samples",
