@@ -284,9 +284,7 @@ class ProbeDetector(Detector):
         if not wanted:
             return Scored([None] * len(new_steps), None)
         key = recipe_key(self.probe.recipe)
-        features: dict[int, Features] = {
-            i: new_steps[i].features for i in wanted if new_steps[i].features is not None
-        }
+        features: dict[int, Features] = {i: new_steps[i].features for i in wanted if new_steps[i].features is not None}
         # features of another recipe (a trace's, recorded for training) are read again under the probe's
         todo = [i for i in wanted if i not in features or features[i].recipe != key]
         if todo:

@@ -58,8 +58,12 @@ class SelfCheckDetector(Detector):
                 continue
             faithful = next(answers)
             verdicts.append(
-                Verdict(Faithfulness.FAITHFUL if faithful else Faithfulness.UNFAITHFUL, self.name,
-                        kind=step.kind, latency_s=latency)
+                Verdict(
+                    Faithfulness.FAITHFUL if faithful else Faithfulness.UNFAITHFUL,
+                    self.name,
+                    kind=step.kind,
+                    latency_s=latency,
+                )
             )
         return CheckResult(tuple(verdicts), usage)
 

@@ -205,8 +205,16 @@ class Calibrate:
         chains = _read(args.chains)[: args.limit]
         thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else DEFAULT_THRESHOLDS
         flags, report = asyncio.run(
-            replay_flags(chains, judges, args.judge, image_dir=args.images, concurrency=args.concurrency,
-                         batch=args.batch, kinds=args.kinds, progress=not args.no_progress)  # fmt: skip
+            replay_flags(
+                chains,
+                judges,
+                args.judge,
+                image_dir=args.images,
+                concurrency=args.concurrency,
+                batch=args.batch,
+                kinds=args.kinds,
+                progress=not args.no_progress,
+            )  # fmt: skip
         )
         detect_tokens = (report.judge_input_tokens or 0) + (report.judge_output_tokens or 0)
         per_call = detect_tokens / report.judge_calls if report.judge_calls else 0.0

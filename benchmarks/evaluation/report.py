@@ -384,9 +384,15 @@ def build_report(
         rows = [(name, row_of(name, v), row_of(name, c)) for name, v, c in pairs]
         scored = list(pair_scores) + [(None, None)] * (len(rows) - len(pair_scores))
         figures = [(paper_figure(n, sv), paper_figure(n, sc)) for (n, _, _), (sv, sc) in zip(rows, scored, strict=True)]
-        md += ["## UPR and accuracy, vanilla vs corrected (Table 11 style)", "", *table_11(rows, figures), "",
-               "The paper's accuracy is each benchmark's own figure; it is shown only beside our figure of the same "
-               "definition, read from the runs' scores.json (`bench run` writes it next to chains.jsonl).", ""]
+        md += [
+            "## UPR and accuracy, vanilla vs corrected (Table 11 style)",
+            "",
+            *table_11(rows, figures),
+            "",
+            "The paper's accuracy is each benchmark's own figure; it is shown only beside our figure of the same "
+            "definition, read from the runs' scores.json (`bench run` writes it next to chains.jsonl).",
+            "",
+        ]
         data["table_11"] = [
             {"benchmark": n, "vanilla": v.__dict__, "corrected": c.__dict__,
              "paper_figure": {"definition": (paper_row(n) or {}).get("acc_definition"), "vanilla": fv,

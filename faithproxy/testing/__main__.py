@@ -1,7 +1,7 @@
 """Serve a FakeUpstream on 127.0.0.1 from the command line (benchmarks, launcher tests).
 
-    python -m faithproxy.testing --port 8100 [--chunks 8]     Counted answers (scripts.py)
-    python -m faithproxy.testing --port 8100 --chain          Chain answers (chains.py)
+python -m faithproxy.testing --port 8100 [--chunks 8]     Counted answers (scripts.py)
+python -m faithproxy.testing --port 8100 --chain          Chain answers (chains.py)
 """
 
 from __future__ import annotations

@@ -12,8 +12,15 @@ def test_prompt_shape() -> None:
 
 @pytest.mark.parametrize(
     ("reply", "expected"),
-    [("FAITHFUL", True), ("UNFAITHFUL", False), ("unfaithful.", False), ("**Faithful**", True),
-     ("It is UNFAITHFUL", False), ("maybe", None), ("", None)],
+    [
+        ("FAITHFUL", True),
+        ("UNFAITHFUL", False),
+        ("unfaithful.", False),
+        ("**Faithful**", True),
+        ("It is UNFAITHFUL", False),
+        ("maybe", None),
+        ("", None),
+    ],
 )
 def test_parse(reply: str, expected: bool | None) -> None:
     assert parse_self_check(reply) is expected

@@ -755,8 +755,14 @@ CORRECT_UNSURE = [
     Case(
         "an-unsure-flag-is-delivered-and-never-rewritten",
         [(p("One circle."), p("It is blue."), r("So B.")), verdicts("FSF"), end()],
-        ["start", "check One circle. | It is blue. | So B.", "step One circle.", "step It is blue.", "step So B.",
-         "end stop"],  # fmt: skip
+        [
+            "start",
+            "check One circle. | It is blue. | So B.",
+            "step One circle.",
+            "step It is blue.",
+            "step So B.",
+            "end stop",
+        ],  # fmt: skip
         [
             ("One circle.", "faithful/faithful"),
             ("It is blue.", "unsure/unsure"),
@@ -766,16 +772,34 @@ CORRECT_UNSURE = [
     Case(
         "an-unsure-flag-before-a-sure-one-leaves-the-sure-one-to-be-rewritten",
         [(p("It is red."), p("It is blue.")), verdicts("SU"), rewrite("It is green."), verdicts("F"), end()],
-        ["start", "check It is red. | It is blue.", "step It is red.", "drop", "regenerate It is blue. #1",
-         "recheck It is green.", "tried #1 fixed", "step It is green.", "continue content=' It is red. It is green.'",
-         "end stop"],  # fmt: skip
+        [
+            "start",
+            "check It is red. | It is blue.",
+            "step It is red.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is green.",
+            "tried #1 fixed",
+            "step It is green.",
+            "continue content=' It is red. It is green.'",
+            "end stop",
+        ],  # fmt: skip
         [("It is red.", "unsure/unsure"), ("It is green.", "unfaithful/faithful fixed@1")],
     ),
     Case(
         "a-rewrite-judged-unsure-is-taken",
         [p("It is blue."), verdicts("U"), rewrite("It is green."), verdicts("S"), end()],
-        ["start", "check It is blue.", "drop", "regenerate It is blue. #1", "recheck It is green.", "tried #1 fixed",
-         "step It is green.", "continue content=' It is green.'", "end stop"],  # fmt: skip
+        [
+            "start",
+            "check It is blue.",
+            "drop",
+            "regenerate It is blue. #1",
+            "recheck It is green.",
+            "tried #1 fixed",
+            "step It is green.",
+            "continue content=' It is green.'",
+            "end stop",
+        ],  # fmt: skip
         [("It is green.", "unfaithful/unsure fixed@1")],
     ),
 ]
@@ -787,8 +811,17 @@ CORRECT_UNSURE.append(
     Case(
         "the-model-insists-the-step-is-kept-after-one-try",
         [(p("It is blue."), r("So B.")), verdicts("UF"), Regenerated(insisted=True), end()],
-        ["start", "check It is blue. | So B.", "drop", "regenerate It is blue. #1", "tried #1 insisted",
-         "step It is blue.", "continue content=' It is blue. So B.'", "step So B.", "end stop"],  # fmt: skip
+        [
+            "start",
+            "check It is blue. | So B.",
+            "drop",
+            "regenerate It is blue. #1",
+            "tried #1 insisted",
+            "step It is blue.",
+            "continue content=' It is blue. So B.'",
+            "step So B.",
+            "end stop",
+        ],  # fmt: skip
         [("It is blue.", "unfaithful/unfaithful tries=1 residual:insisted"), ("So B.", "none/none")],
         {"max_retries": 3},
     )

@@ -17,17 +17,33 @@ def policy(headers: dict[str, str], **settings: object):
 def test_defaults_come_from_settings() -> None:
     p = policy({}, default_mode="detect", max_retries=2, default_judge="qwen")
     assert (p.mode, p.detector, p.max_retries, p.judge, p.on_detector_error, p.annotate) == (
-        "detect", "judge", 2, "qwen", "pass", True,
+        "detect",
+        "judge",
+        2,
+        "qwen",
+        "pass",
+        True,
     )
 
 
 def test_headers_override_defaults() -> None:
-    p = policy({
-        "x-faithproxy-mode": "OFF", "x-faithproxy-detector": "prompt", "x-faithproxy-max-retries": "0",
-        "x-faithproxy-judge": "claude", "x-faithproxy-on-detector-error": "fail", "x-faithproxy-annotate": "false",
-    })
+    p = policy(
+        {
+            "x-faithproxy-mode": "OFF",
+            "x-faithproxy-detector": "prompt",
+            "x-faithproxy-max-retries": "0",
+            "x-faithproxy-judge": "claude",
+            "x-faithproxy-on-detector-error": "fail",
+            "x-faithproxy-annotate": "false",
+        }
+    )
     assert (p.mode, p.detector, p.max_retries, p.judge, p.on_detector_error, p.annotate) == (
-        "off", "prompt", 0, "claude", "fail", False,
+        "off",
+        "prompt",
+        0,
+        "claude",
+        "fail",
+        False,
     )
 
 

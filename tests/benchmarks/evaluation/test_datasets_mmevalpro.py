@@ -154,9 +154,7 @@ def test_run_predictions_score_like_the_official_rows(release_dir: Path) -> None
     assert mmevalpro.score(items, predictions)["missing"] == 1
 
 
-def test_bench_score_on_the_official_output_format(
-    release_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bench_score_on_the_official_output_format(release_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = bench_main(["score", "--dataset", "mmevalpro", "--data-dir", str(release_dir), "--predictions", str(DEMO)])
     assert code == 0
     out = json.loads(capsys.readouterr().out)

@@ -141,8 +141,10 @@ def test_score_a_judged_run_with_its_judgements(tmp_path: Path, capsys: pytest.C
         json.dumps({"id": f"freak-{n}-open", "text": "An answer."}) + "\n" for n in (2, 4, 6)
     ))  # fmt: skip
     (tmp_path / "judgements.jsonl").write_text(
-        json.dumps({"id": "freak-2-open", "judgement": "correct"}) + "\n"
-        + json.dumps({"id": "freak-4-open", "judgement": "commonsense_error"}) + "\n"
+        json.dumps({"id": "freak-2-open", "judgement": "correct"})
+        + "\n"
+        + json.dumps({"id": "freak-4-open", "judgement": "commonsense_error"})
+        + "\n"
     )
     argv = ["score", "--dataset", "freak", "--data-dir", str(root), "--loader-arg", "mode=open",
             "--predictions", str(tmp_path / "predictions.jsonl")]  # fmt: skip
