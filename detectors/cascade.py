@@ -9,9 +9,12 @@ Going through the steps in order:
   the steps the probe passed before it as "checked before" context), and its verdicts are taken as they
   are. Reasoning steps before that point pass as FAITHFUL.
 
-A rewrite's candidate (view.rewrite) goes through the same stages, or, with `rewrites="judge"`
-(FAITHPROXY_CASCADE_REWRITES), to the judge alone: the probe learned from the model's own drafts, and a
-rewrite that passes its check goes out as the model's step with nothing after it to catch it.
+A rewrite's candidate (view.rewrite) goes to the judge alone (`rewrites="judge"`, the default;
+FAITHPROXY_CASCADE_REWRITES), or with "cascade" through the same stages as a draft. The probe learned
+from the model's own drafts, and a rewrite that passes its check goes out as the model's step with
+nothing after it to catch it: on 100 validation chains, 69% of the rewrites the cascade accepted were
+true by ground truth, 87% of those the judge accepted, and the residual-UPR cut went from 46% to 64%
+for 4% more judge calls (docs/probe-and-cascade.md).
 
 Thresholds come per request (view.options `cascade_low`, `cascade_high`, from the headers it declares),
 else from the settings (DetectorDeps). The probe's features come back in the CheckResult.
@@ -71,7 +74,7 @@ class CascadeDetector(Detector):
         low: float = 0.1,
         high: float = 0.9,
         on_decision: Callable[[str, int], None] | None = None,
-        rewrites: str = "cascade",
+        rewrites: str = "judge",
     ) -> None:
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"cascade thresholds must satisfy 0 <= low <= high <= 1 (got {low}, {high})")

@@ -62,7 +62,7 @@ class DetectorDeps:
     hidden: Any = None  # clients.hidden_states.HiddenStatesClient
     cascade_low: float = 0.1
     cascade_high: float = 0.9
-    cascade_rewrites: str = "cascade"  # "judge": a rewrite's candidate goes to the judge alone
+    cascade_rewrites: str = "judge"  # "cascade": a rewrite's candidate goes through the probe first, as drafts do
     judge_samples: dict[str, int] = field(default_factory=dict)  # self-consistency replies per judge name
     on_cascade_decision: Callable[[str, int], None] | None = None
 

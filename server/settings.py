@@ -174,9 +174,9 @@ class Settings(BaseSettings):
     # Cascade: the probe decides below `low` (faithful) and above `high` (unfaithful), the judge between.
     cascade_low: float = Field(0.1, ge=0.0, le=1.0)
     cascade_high: float = Field(0.9, ge=0.0, le=1.0)
-    # Who checks a rewrite's candidate under the cascade: the cascade as for draft steps, or its judge
-    # alone (the probe was trained on drafts; detectors/cascade.py, docs/probe-and-cascade.md).
-    cascade_rewrites: Literal["cascade", "judge"] = "cascade"
+    # Who checks a rewrite's candidate under the cascade: its judge alone, or the cascade as for draft
+    # steps (the probe was trained on drafts; chosen on validation chains: detectors/cascade.py).
+    cascade_rewrites: Literal["cascade", "judge"] = "judge"
 
     @field_validator("reasoning_format")
     @classmethod
