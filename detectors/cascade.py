@@ -10,7 +10,8 @@ Going through the steps in order:
   are. Reasoning steps before that point pass as FAITHFUL.
 
 A rewrite's candidate (view.rewrite) goes to the judge alone (`rewrites="judge"`, the default;
-FAITHPROXY_CASCADE_REWRITES), or with "cascade" through the same stages as a draft. The probe learned
+FAITHPROXY_CASCADE_REWRITES, per request X-Faithproxy-Cascade-Rewrites), or with "cascade" through the
+same stages as a draft. The probe learned
 from the model's own drafts, and a rewrite that passes its check goes out as the model's step with
 nothing after it to catch it: on 100 validation chains, 69% of the rewrites the cascade accepted were
 true by ground truth, 87% of those the judge accepted, and the residual-UPR cut went from 46% to 64%
@@ -42,8 +43,14 @@ if TYPE_CHECKING:
 
 # The stages that decide a step: the label set of faithproxy_cascade_decisions_total{stage}.
 STAGES = ("probe", "judge")
-LOW_OPTION, HIGH_OPTION = "cascade_low", "cascade_high"  # RequestView.options keys
+LOW_OPTION, HIGH_OPTION, REWRITES_OPTION = "cascade_low", "cascade_high", "cascade_rewrites"  # RequestView.options keys
 _PROBABILITY = "a probability from 0 to 1"
+REWRITE_CHECKERS = ("judge", "cascade")  # who checks a rewrite's candidate
+
+
+def rewrite_checker(raw: str) -> str | None:
+    value = raw.strip().lower()
+    return value if value in REWRITE_CHECKERS else None
 
 
 class CascadeDetector(Detector):
@@ -63,6 +70,13 @@ class CascadeDetector(Detector):
             not_above=HIGH_OPTION,
         ),
         DetectorOption(HIGH_OPTION, "x-faithproxy-cascade-high", probability, _PROBABILITY, setting="cascade_high"),
+        DetectorOption(
+            REWRITES_OPTION,
+            "x-faithproxy-cascade-rewrites",
+            rewrite_checker,
+            "judge or cascade",
+            setting="cascade_rewrites",
+        ),
     )
     decision_stages: ClassVar[tuple[str, ...]] = STAGES
 
@@ -78,7 +92,7 @@ class CascadeDetector(Detector):
     ) -> None:
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"cascade thresholds must satisfy 0 <= low <= high <= 1 (got {low}, {high})")
-        if rewrites not in ("cascade", "judge"):
+        if rewrites not in REWRITE_CHECKERS:
             raise ValueError(f"cascade rewrites must be checked by 'cascade' or 'judge' (got {rewrites!r})")
         self.rewrites = rewrites
         self.probe = probe
@@ -122,7 +136,7 @@ class CascadeDetector(Detector):
         if not new_steps:
             return CheckResult(())
         started = time.perf_counter()
-        if view.rewrite and self.rewrites == "judge":
+        if view.rewrite and view.options.get(REWRITES_OPTION, self.rewrites) == "judge":
             return await self._judged(view, new_steps, [None] * len(new_steps), None, started)
         low, high = self.thresholds(view)
         scores, features = await self.probe.scores(view, new_steps)

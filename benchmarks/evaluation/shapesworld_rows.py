@@ -51,6 +51,7 @@ class Row:
     judge: str | None  # PIXELS | LEARNED for a detector that calls a judge, else None
     reads_hidden_states: bool = False
     flag_threshold: float | None = None  # `@T`: the judge's flags under T are delivered unsure
+    rewrites: str | None = None  # `+rewrites=judge|cascade`: who checks a rewrite under the cascade
 
     def headers(self) -> dict[str, str]:
         headers = {"x-faithproxy-mode": "correct", "x-faithproxy-detector": self.detector}
@@ -58,6 +59,8 @@ class Row:
             headers["x-faithproxy-judge"] = self.judge
         if self.flag_threshold is not None:
             headers["x-faithproxy-flag-threshold"] = repr(self.flag_threshold)
+        if self.rewrites is not None:
+            headers["x-faithproxy-cascade-rewrites"] = self.rewrites
         return headers
 
 
@@ -72,18 +75,26 @@ def _threshold(name: str, text: str) -> float:
 
 
 def parse_row(text: str) -> Row:
-    """`DETECTOR`, `DETECTOR:JUDGE`, either with `@T`; ValueError for an unknown detector or judge, a
-    judge or a threshold given to a detector that calls none, or a threshold outside 0..1."""
+    """`DETECTOR`, `DETECTOR:JUDGE`, either with `@T`, a cascade row also with `+rewrites=judge|cascade`
+    (the server's FAITHPROXY_CASCADE_REWRITES when absent); ValueError for an unknown detector or judge,
+    a judge or a threshold given to a detector that calls none, or a threshold outside 0..1."""
+    from faithproxy.detectors.cascade import REWRITE_CHECKERS
     from faithproxy.detectors.registry import DETECTORS
 
     name = text.strip()
-    spec, at, threshold_text = name.partition("@")
+    head, plus, rewrites_text = name.partition("+rewrites=")
+    rewrites = rewrites_text if plus else None
+    if plus and rewrites not in REWRITE_CHECKERS:
+        raise ValueError(f"row {name!r}: +rewrites= takes one of {', '.join(REWRITE_CHECKERS)}")
+    spec, at, threshold_text = head.partition("@")
     threshold = _threshold(name, threshold_text) if at else None
     detector, _, judge = spec.partition(":")
     try:
         cls = DETECTORS.resolve(detector)
     except KeyError as exc:
         raise ValueError(str(exc).strip("'\"")) from exc
+    if rewrites is not None and cls.name != "cascade":
+        raise ValueError(f"row {name!r}: +rewrites= is for cascade rows")
     if not cls.uses_judge:
         if judge or at:
             raise ValueError(f"row {name!r}: the {detector} detector calls no judge")
@@ -91,7 +102,7 @@ def parse_row(text: str) -> Row:
     judge = judge or _BARE_JUDGE.get(detector, LEARNED)
     if judge not in JUDGES:
         raise ValueError(f"row {name!r}: unknown judge {judge!r} (known: {', '.join(JUDGES)})")
-    return Row(name, detector, judge, cls.reads_hidden_states, threshold)
+    return Row(name, detector, judge, cls.reads_hidden_states, threshold, rewrites)
 
 
 # ------------------------------------------------------------------ UPR, accuracy, P/R/F1
@@ -404,6 +415,7 @@ def score_rows(items: Sequence[Item], raw: dict[str, Any], detectors: Sequence[s
             "detector": row.detector,
             "judge": row.judge,
             "flag_threshold": row.flag_threshold,
+            **({"cascade_rewrites": row.rewrites} if row.rewrites is not None else {}),
             "corrected": corrected,
             **draft_scores(items, traces),
             "proxy_summary_upr_detected": ratio(

@@ -129,6 +129,15 @@ async def test_a_rewrite_goes_to_the_judge_alone_when_configured(rewrites: str) 
         assert [v.faithfulness for v in rewrite] == [F] and judge.calls == []
 
 
+@pytest.mark.parametrize(("server", "header", "judged"), [("judge", "cascade", False), ("cascade", "judge", True)])
+async def test_the_request_chooses_who_checks_its_rewrites(server: str, header: str, judged: bool) -> None:
+    judge = RecordingJudge(bad={"B."})
+    detector, _ = cascade({"B.": 0.01}, judge, rewrites=server)
+    view = dataclasses.replace(ctx(cascade_rewrites=header), rewrite=True)
+    verdicts = (await detector.check(view, steps("B."))).verdicts
+    assert [v.faithfulness for v in verdicts] == [U if judged else F] and bool(judge.calls) is judged
+
+
 def test_rewrites_are_checked_by_the_cascade_or_the_judge() -> None:
     with pytest.raises(ValueError, match="'cascade' or 'judge'"):
         CascadeDetector(FixedProbe({}), RecordingJudge(), rewrites="probe")

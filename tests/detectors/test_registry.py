@@ -122,6 +122,7 @@ def test_the_built_in_declarations() -> None:
         "x-faithproxy-probe-threshold": "probe_threshold",
         "x-faithproxy-cascade-low": "cascade_low",
         "x-faithproxy-cascade-high": "cascade_high",
+        "x-faithproxy-cascade-rewrites": "cascade_rewrites",
     }
     assert decision_stages() == ("probe", "judge")
 

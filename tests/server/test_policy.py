@@ -98,6 +98,7 @@ def test_probe_and_cascade_thresholds_from_headers() -> None:
         ({"x-faithproxy-cascade-low": "high"}, "x-faithproxy-cascade-low"),
         ({"x-faithproxy-cascade-low": "0.8", "x-faithproxy-cascade-high": "0.2"}, "x-faithproxy-cascade-low"),
         ({"x-faithproxy-cascade-high": "0.05"}, "x-faithproxy-cascade-high"),  # below the server's low (0.1)
+        ({"x-faithproxy-cascade-rewrites": "probe"}, "x-faithproxy-cascade-rewrites"),
     ],
 )
 def test_bad_thresholds_are_400s_naming_the_header(headers: dict[str, str], named: str) -> None:

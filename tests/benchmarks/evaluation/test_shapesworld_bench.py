@@ -43,6 +43,14 @@ def test_rows_name_a_detector_and_the_judge_it_asks() -> None:
     assert (parse_row("judge").judge, parse_row("cascade").judge) == ("pixels", "learned")
     assert parse_row("cascade:pixels").judge == "pixels" and parse_row("cascade").reads_hidden_states
     assert "x-faithproxy-judge" not in parse_row("prompt").headers()
+    row = parse_row("cascade@0.3+rewrites=judge")
+    assert (row.flag_threshold, row.rewrites, row.headers()["x-faithproxy-cascade-rewrites"]) == (0.3, "judge", "judge")
+    assert (
+        parse_row("cascade").rewrites is None and "x-faithproxy-cascade-rewrites" not in parse_row("cascade").headers()
+    )
+    for bad in ("judge+rewrites=judge", "cascade+rewrites=probe"):
+        with pytest.raises(ValueError, match="rewrites="):
+            parse_row(bad)
     assert parse_row("probe").reads_hidden_states and parse_row("probe").judge is None
     for bad, message in (("prompt:learned", "calls no judge"), ("judge:gpt", "unknown judge"), ("jugde", "judge")):
         with pytest.raises(ValueError, match=message):
