@@ -8,7 +8,8 @@ pages of every arena, those in the middle of a heap included (glibc >= 2.8 madvi
 follows the heap in use again. It runs in a worker thread: it takes each arena's lock in turn, which a
 thread allocating at that moment waits on, but the event loop never does.
 
-Where the C library has no malloc_trim (musl, macOS) the timer is not started, and the start says so.
+Where the C library has no malloc_trim (musl, macOS) the timer is not started, and the start says so
+at INFO (the trim is on by default: a warning at every start of every such server would be noise).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class HeapTrimmer:
         if self.interval_s <= 0:
             return
         if self.trim is None:
-            log.warning("FAITHPROXY_HEAP_TRIM_INTERVAL_S is set but this C library has no malloc_trim: not trimming")
+            log.info("this C library has no malloc_trim: FAITHPROXY_HEAP_TRIM_INTERVAL_S has no effect")
             return
         self._task = asyncio.create_task(self._run(), name="heap-trim")
 
