@@ -26,6 +26,10 @@ a socket that accepts and stays silent; its timeout_s is 2), a client that disco
 bytes of the answer, and a slow upload (headers and part of the body, then silence past the proxy's
 body timeout, 10 s here: the proxy answers 408). Clients give up after 120 s (httpx's timeout).
 
+--heap-trim-s sets the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (60, its default; 0 turns the trim off)
+and --malloc-arena-max glibc's MALLOC_ARENA_MAX, so that the allocator's settings can be raced side by
+side (docs/benchmarks.md); the samples then also count the trims and the seconds they took.
+
 Every --sample-s it prints the proxy's sample beside the requests done and failed since the last one;
 at the end, the least-squares slope of each figure per minute over the samples after --warmup-min and
 before the traffic stops
