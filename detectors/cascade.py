@@ -11,11 +11,10 @@ Going through the steps in order:
 
 A rewrite's candidate (view.rewrite) goes to the judge alone (`rewrites="judge"`, the default;
 FAITHPROXY_CASCADE_REWRITES, per request X-Faithproxy-Cascade-Rewrites), or with "cascade" through the
-same stages as a draft. The probe learned
-from the model's own drafts, and a rewrite that passes its check goes out as the model's step with
-nothing after it to catch it: on 100 validation chains, 69% of the rewrites the cascade accepted were
-true by ground truth, 87% of those the judge accepted, and the residual-UPR cut went from 46% to 64%
-for 4% more judge calls (docs/probe-and-cascade.md).
+same stages as a draft. The probe learned from the model's own drafts, and a rewrite that passes its
+check goes out as the model's step with nothing after it to catch it: on 100 validation chains, 69% of
+the rewrites the cascade accepted were true by ground truth, 87% of those the judge accepted, and the
+residual-UPR cut went from 46% to 64% for 4% more judge calls (docs/judge.md).
 
 Thresholds come per request (view.options `cascade_low`, `cascade_high`, from the headers it declares),
 else from the settings (DetectorDeps). The probe's features come back in the CheckResult.

@@ -12,8 +12,8 @@ from faithproxy.faithcore.types import Channel, Step
 @dataclass(frozen=True)
 class ChainResult:
     """`steps`: every step the client received, in order, with its settled outcome. `usage`: generator
-        tokens over every round, check and rewrite of the request. `field_names`: the delta field each
-        channel came in (a door names the channel the way the upstream did). `resumes`: how often the chain
+    tokens over every round, check and rewrite of the request. `field_names`: the delta field each
+    channel came in (a door names the channel the way the upstream did). `resumes`: how often the chain
     went on after its upstream stream broke."""
 
     steps: tuple[Step, ...]
