@@ -467,9 +467,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cascade-low", type=float, help="the cascade's low threshold (default: the settings')")
     parser.add_argument("--cascade-high", type=float, help="the cascade's high threshold (default: the settings')")
+    from faithproxy.detectors.cascade import REWRITE_CHECKERS
+
     parser.add_argument(
         "--cascade-rewrites",
-        choices=["cascade", "judge"],
+        choices=REWRITE_CHECKERS,
         help="who checks a rewrite under the cascade (FAITHPROXY_CASCADE_REWRITES; default: the settings')",
     )
     parser.add_argument("--concurrency", type=int, default=8)
