@@ -26,9 +26,11 @@ a socket that accepts and stays silent; its timeout_s is 2), a client that disco
 bytes of the answer, and a slow upload (headers and part of the body, then silence past the proxy's
 body timeout, 10 s here: the proxy answers 408). Clients give up after 120 s (httpx's timeout).
 
---heap-trim-s sets the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (60, its default; 0 turns the trim off)
-and --malloc-arena-max glibc's MALLOC_ARENA_MAX, so that the allocator's settings can be raced side by
-side (docs/benchmarks.md); the samples then also count the trims and the seconds they took.
+--heap-trim-s sets the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (60, its default; 0 turns the trim off),
+--malloc-arena-max glibc's MALLOC_ARENA_MAX and --python-malloc the interpreter's PYTHONMALLOC, so that
+the allocators' settings can be raced side by side (docs/benchmarks.md); the samples then also count
+the trims and the seconds they took. Each sample splits RSS into anonymous and file-backed pages and
+reports both allocators: glibc's heap (in use, free, held) and Python's pymalloc arenas.
 
 Every --sample-s it prints the proxy's sample beside the requests done and failed since the last one;
 at the end, the least-squares slope of each figure per minute over the samples after --warmup-min and
@@ -142,7 +144,53 @@ def _heap_mib() -> dict[str, float]:
     return {
         "heap_in_use_mib": round((info.uordblks + info.hblkhd) / mib, 2),
         "heap_free_mib": round(info.fordblks / mib, 2),
+        "heap_from_os_mib": round((info.arena + info.hblkhd) / mib, 2),  # what glibc holds, free or not
     }
+
+
+def _rss_split_mib() -> dict[str, float]:
+    """RSS split into anonymous memory (heaps, Python's arenas, thread stacks) and file-backed pages
+    (shared libraries, mapped files): a climb in `rss_file_mib` is mappings, not the allocators."""
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status if line.startswith(("RssAnon:", "RssFile:")))
+    return {
+        f"{name.lower().replace('rss', 'rss_')}_mib": round(int(value.split()[0]) / 1024, 1)
+        for name, value in fields.items()
+    }
+
+
+_PYMALLOC_FIELDS = {
+    "# arenas allocated current": "pymalloc_arenas",
+    "# bytes in allocated blocks": "pymalloc_used_mib",
+    "# bytes in available blocks": "pymalloc_free_blocks_mib",
+}
+
+
+def _pymalloc() -> dict[str, float]:
+    """Python's small-object allocator, from sys._debugmallocstats (which writes to the C stderr, so
+    file descriptor 2 is pointed at a temporary file for the call). Its 1 MiB arenas are mmapped, not
+    malloc'd: neither mallinfo2 nor malloc_trim sees them, and an arena goes back to the OS only when
+    every block in it is free. Arenas that climb while `pymalloc_used_mib` stays flat are fragmentation
+    in Python's allocator. Empty where the interpreter is not using pymalloc (PYTHONMALLOC=malloc)."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as capture:
+        sys.stderr.flush()
+        os.dup2(capture.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        text = capture.read()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        label, _, value = line.partition("=")
+        key = _PYMALLOC_FIELDS.get(label.strip())
+        if key is not None:
+            number = int(value.strip().replace(",", ""))
+            out[key] = number if key == "pymalloc_arenas" else round(number / 2**20, 2)
+    return out
 
 
 def _lines(path: Path) -> list[str]:
@@ -176,6 +224,8 @@ async def sample_forever(
                 "upstream_resets": transport.resets,
                 "py_blocks": sys.getallocatedblocks(),  # live blocks of Python's own allocator
                 **_heap_mib(),
+                **_rss_split_mib(),
+                **_pymalloc(),
                 **_proxy_counts(app),
                 **_trims(app),
             }
@@ -323,7 +373,20 @@ def slopes(samples: list[dict[str, Any]], warmup_min: float, end_min: float) -> 
         return out
     t = [s["t_min"] for s in kept]
     late = kept[len(kept) // 2 :]  # the second half: whether a figure levelled off
-    for key in ("rss_mib", "fds", "tasks", "lag_mean_ms", "py_blocks", "heap_in_use_mib", "heap_free_mib"):
+    for key in (
+        "rss_mib",
+        "fds",
+        "tasks",
+        "lag_mean_ms",
+        "py_blocks",
+        "heap_in_use_mib",
+        "heap_free_mib",
+        "heap_from_os_mib",
+        "rss_anon_mib",
+        "rss_file_mib",
+        "pymalloc_arenas",
+        "pymalloc_used_mib",
+    ):
         if not all(key in s for s in kept):
             continue
         ys = [float(s[key]) for s in kept]
@@ -438,6 +501,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             env["FAITHPROXY_HEAP_TRIM_INTERVAL_S"] = str(args.heap_trim_s)
             if args.malloc_arena_max is not None:
                 env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
+            if args.python_malloc is not None:
+                env["PYTHONMALLOC"] = args.python_malloc
             if args.reports_max_count is not None:  # the report stores grow until full or an hour old
                 env["FAITHPROXY_REPORTS_MAX_COUNT"] = str(args.reports_max_count)
             if probe is not None:
@@ -483,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         "--heap-trim-s", type=float, default=60.0, help="the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (0: no trims)"
     )
     parser.add_argument("--malloc-arena-max", type=int, help="glibc's MALLOC_ARENA_MAX for the proxy's process")
+    parser.add_argument(
+        "--python-malloc", choices=["malloc", "pymalloc"], help="the proxy's PYTHONMALLOC (default: the interpreter's)"
+    )
     parser.add_argument("--out", help="write the samples, request counts and slopes as JSON here")
     parser.add_argument("--port", type=int, help="serve: the proxy's port")
     parser.add_argument("--samples", help="serve: the file the sampler appends to")
