@@ -12,4 +12,5 @@ bash scripts/install_chromium.sh  # Debian's chromium + chromium-driver, for tes
 bash scripts/install_phoenix.sh  # Arize Phoenix in .venv-phoenix, for tests/integration/test_phoenix.py
 bash scripts/build_fixture_model.sh
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest "$@"
