@@ -39,6 +39,9 @@ REQUIRED_PANELS = (
     "Judge prompt-cache hit share",
     "Judge calls per perception step",
     "Unsure share",
+    "Requests per second by endpoint",
+    "Client connections closed by reason",
+    "Internal errors (500) by door",
 )
 
 
