@@ -27,6 +27,7 @@ bytes of the answer, and a slow upload (headers and part of the body, then silen
 body timeout, 10 s here: the proxy answers 408). Clients give up after 120 s (httpx's timeout).
 
 --heap-trim-s sets the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (60, its default; 0 turns the trim off),
+--heap-mmap-threshold its FAITHPROXY_HEAP_MMAP_THRESHOLD_BYTES (0: glibc's dynamic threshold),
 --malloc-arena-max glibc's MALLOC_ARENA_MAX and --python-malloc the interpreter's PYTHONMALLOC, so that
 the allocators' settings can be raced side by side (docs/benchmarks.md); the samples then also count
 the trims and the seconds they took. Each sample splits RSS into anonymous and file-backed pages and
@@ -499,6 +500,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "FAITHPROXY_CLIENT_BODY_TIMEOUT_S": str(CLIENT_BODY_TIMEOUT_S),
             }
             env["FAITHPROXY_HEAP_TRIM_INTERVAL_S"] = str(args.heap_trim_s)
+            if args.heap_mmap_threshold is not None:
+                env["FAITHPROXY_HEAP_MMAP_THRESHOLD_BYTES"] = str(args.heap_mmap_threshold)
             if args.malloc_arena_max is not None:
                 env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
             if args.python_malloc is not None:
@@ -546,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracemalloc", action="store_true", help="trace the proxy's allocations (diagnostic)")
     parser.add_argument(
         "--heap-trim-s", type=float, default=60.0, help="the proxy's FAITHPROXY_HEAP_TRIM_INTERVAL_S (0: no trims)"
+    )
+    parser.add_argument(
+        "--heap-mmap-threshold",
+        type=int,
+        help="the proxy's FAITHPROXY_HEAP_MMAP_THRESHOLD_BYTES (default: its own, 128 KiB; 0: glibc's dynamic one)",
     )
     parser.add_argument("--malloc-arena-max", type=int, help="glibc's MALLOC_ARENA_MAX for the proxy's process")
     parser.add_argument(

@@ -25,7 +25,7 @@ from faithproxy.server.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddle
 from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.connections import connection_rules
 from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
-from faithproxy.server.heap_trim import HeapTrimmer
+from faithproxy.server.heap_trim import HeapTrimmer, fix_mmap_threshold
 from faithproxy.server.internal_errors import InternalErrorMiddleware
 from faithproxy.server.key_policy import KeyPolicies
 from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
@@ -155,6 +155,7 @@ def create_app(
         )
         app.state.faithproxy = state
         _start_policies(key_policies, metrics)
+        fix_mmap_threshold(settings.heap_mmap_threshold_bytes)
         app.state.heap_trimmer = trimmer = HeapTrimmer(settings.heap_trim_interval_s)
         trimmer.start()
         try:

@@ -10,6 +10,15 @@ thread allocating at that moment waits on, but the event loop never does.
 
 Where the C library has no malloc_trim (musl, macOS) the timer is not started, and the start says so
 at INFO (the trim is on by default: a warning at every start of every such server would be noise).
+
+The trim cannot give back a page that still holds a live chunk, so the trim alone left RSS climbing
+against real vLLM with the probe on (docs/benchmarks.md). The cause is glibc's dynamic mmap threshold:
+a block of 128 KiB or more starts out mmapped, but freeing one raises the threshold to its size (up to
+32 MiB), and from then on blocks that size come from the heap. The probe's hidden states, decoded
+images and large bodies are such blocks, each a different size, and they leave holes between the small
+chunks that live on. `fix_mmap_threshold` pins the threshold (glibc's `mallopt(M_MMAP_THRESHOLD)`, which
+also turns the dynamic raise off), so large blocks are always mmapped and go back to the OS whole when
+freed; the heap keeps only the small chunks the trim can manage.
 """
 
 from __future__ import annotations
@@ -32,6 +41,27 @@ def malloc_trim() -> Callable[[int], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
+
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def fix_mmap_threshold(threshold_bytes: int) -> bool:
+    """Pins glibc's mmap threshold at `threshold_bytes` for the whole process (0: leave glibc's dynamic
+    threshold). Returns whether it took effect; False where the C library has no mallopt, or refused."""
+    if threshold_bytes <= 0:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        log.info("this C library has no mallopt: FAITHPROXY_HEAP_MMAP_THRESHOLD_BYTES has no effect")
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if mallopt(M_MMAP_THRESHOLD, threshold_bytes) != 1:  # glibc refuses a size it cannot honour
+        log.warning("glibc refused an mmap threshold of %d bytes; its dynamic threshold stays", threshold_bytes)
+        return False
+    return True
 
 
 class HeapTrimmer:

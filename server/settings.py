@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     # Seconds between malloc_trim(0) calls that hand the heap glibc holds free back to the OS
     # (server/heap_trim.py; the soak's RSS climb was freed memory kept, not live objects); 0: never.
     heap_trim_interval_s: float = Field(60.0, ge=0)
+    # Blocks this size or larger are always mmapped, so they go back to the OS when freed (glibc's
+    # mallopt(M_MMAP_THRESHOLD), set at start; server/heap_trim.py says why); 0: glibc's dynamic threshold.
+    heap_mmap_threshold_bytes: int = Field(128 * 1024, ge=0, le=32 * 1024 * 1024)
 
     trace_path: str | None = None
     # Per-step reports of finished verified requests, for GET /v1/faithfulness/{request_id} (server/
