@@ -4,18 +4,25 @@ The real malloc_trim hands freed heap back: 32 MiB of small C allocations are fr
 use above them (glibc cannot shrink the heap past a live chunk), RSS stays up until the trimmer runs,
 then falls by most of what was freed. The timer runs in the app's lifespan and stops with it; 0 turns
 it off, and a C library without malloc_trim only logs.
+
+The pinned mmap threshold, in a fresh interpreter each time (mallopt is process-wide): once a 4 MiB
+block has been freed, glibc's dynamic threshold puts the next 512 KiB blocks in the heap; pinned at
+128 KiB, every one of them is mmapped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import logging
+import subprocess
+import sys
 
 import pytest
 
 from faithproxy.server.app import create_app
-from faithproxy.server.heap_trim import HeapTrimmer, malloc_trim
+from faithproxy.server.heap_trim import HeapTrimmer, fix_mmap_threshold, malloc_trim
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app
 
@@ -87,3 +94,49 @@ async def test_zero_never_trims_and_a_libc_without_malloc_trim_only_logs(caplog:
     assert missing._task is None and "no malloc_trim" in caplog.text
     await off.stop()
     await missing.stop()
+
+
+# Run in a fresh interpreter: frees one 4 MiB block (mmapped: above any threshold), then holds twenty
+# 512 KiB blocks and reports how many of them glibc mmapped (mallinfo2's hblks) and what
+# fix_mmap_threshold returned.
+LARGE_BLOCKS = """
+import ctypes, json, sys
+from faithproxy.server.heap_trim import fix_mmap_threshold
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+pinned = fix_mmap_threshold(int(sys.argv[1]))
+libc.free(libc.malloc(4 << 20))
+before = libc.mallinfo2().hblks
+held = [libc.malloc(512 << 10) for _ in range(20)]
+print(json.dumps({"pinned": pinned, "mmapped": libc.mallinfo2().hblks - before}))
+"""
+
+
+def large_blocks(threshold_bytes: int) -> dict[str, int]:
+    run = subprocess.run([sys.executable, "-c", LARGE_BLOCKS, str(threshold_bytes)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_a_pinned_mmap_threshold_keeps_large_blocks_out_of_the_heap() -> None:
+    if malloc_trim() is None:
+        pytest.skip("not glibc")
+    dynamic, pinned = large_blocks(0), large_blocks(128 * 1024)
+    print(f"\nmmap threshold: 512 KiB blocks mmapped after a 4 MiB free: dynamic {dynamic}, pinned {pinned}")
+    assert dynamic == {"pinned": False, "mmapped": 0}  # glibc raised its threshold past 512 KiB
+    assert pinned == {"pinned": True, "mmapped": 20}
+
+
+def test_the_mmap_threshold_setting_is_bounded_and_zero_leaves_glibc_alone() -> None:
+    assert fix_mmap_threshold(0) is False
+    assert Settings(upstream_url="http://x", heap_mmap_threshold_bytes=0).heap_mmap_threshold_bytes == 0
+    with pytest.raises(ValueError):
+        Settings(upstream_url="http://x", heap_mmap_threshold_bytes=64 * MIB)
