@@ -179,6 +179,8 @@ class Settings(BaseSettings):
     cascade_high: float = Field(0.9, ge=0.0, le=1.0)
     # Who checks a rewrite's candidate under the cascade: its judge alone, or the cascade as for draft
     # steps (the probe was trained on drafts; chosen on validation chains: detectors/cascade.py).
+    # The choices are detectors/cascade.py's REWRITE_CHECKERS, spelled out: server/ reaches plug-ins only
+    # through the registry (tests/test_layers.py); tests/detectors/test_cascade.py keeps the two equal.
     cascade_rewrites: Literal["cascade", "judge"] = "judge"
 
     @field_validator("reasoning_format")

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import pytest
 
 from faithproxy.detectors.base import Detector
-from faithproxy.detectors.cascade import CascadeDetector
+from faithproxy.detectors.cascade import REWRITE_CHECKERS, CascadeDetector
 from faithproxy.detectors.probe import ProbeDetector, Scored
 from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
+from faithproxy.server.settings import Settings
 
 F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
 
@@ -141,3 +142,8 @@ async def test_the_request_chooses_who_checks_its_rewrites(server: str, header: 
 def test_rewrites_are_checked_by_the_cascade_or_the_judge() -> None:
     with pytest.raises(ValueError, match="'cascade' or 'judge'"):
         CascadeDetector(FixedProbe({}), RecordingJudge(), rewrites="probe")
+
+
+def test_the_settings_offer_exactly_the_cascades_rewrite_checkers() -> None:
+    # server/settings.py spells the choices out (server/ reaches plug-ins only through the registry)
+    assert set(get_args(Settings.model_fields["cascade_rewrites"].annotation)) == set(REWRITE_CHECKERS)
