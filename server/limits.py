@@ -213,8 +213,9 @@ def check_body(body: dict[str, Any], settings: Settings) -> bool:
             raise PolicyError(f"'{name}' must be a positive integer.", param=name)
         limit = MAX_TOKEN_COUNT if cap is None else cap
         if value > limit:
+            shown = value if value < 10**20 else f"{value:.3e}"  # 1e308 as a float is an int of 309 digits
             raise PolicyError(
-                f"'{name}' is {value}, above this server's limit of {limit}.", param=name, code="max_tokens_too_large"
+                f"'{name}' is {shown}, above this server's limit of {limit}.", param=name, code="max_tokens_too_large"
             )
     if cap is not None and not asked:
         body["max_output_tokens" if "input" in body and "messages" not in body else "max_tokens"] = cap
