@@ -135,29 +135,33 @@ CORRECT = [
         ["start", "check Box A.", "step Box A.", "fail UpstreamError"],
         [("Box A.", "faithful/faithful")],
     ),
-    Case(
-        # the router has not yet noticed the dead replica: the resume round is refused before its first
-        # byte; that costs an attempt and the next one goes through
-        "a-refused-resume-round-is-tried-again",
-        [(p("Box A."), broke()), verdicts("F"), refused(502), failed("connect"), (r("So A."), end())],
-        [
-            "start",
-            "check Box A.",
-            "step Box A.",
-            "resumed #1 resumed",
-            "drop",
-            "continue content=' Box A.'",
-            "resumed #2 resumed",
-            "drop",
-            "continue content=' Box A.'",
-            "resumed #3 resumed",
-            "drop",
-            "continue content=' Box A.'",
-            "step So A.",
-            "end stop",
-        ],
-        [("Box A.", "faithful/faithful"), ("So A.", "none/none")],
-        {"resume_attempts": 3},
+    *(
+        Case(
+            # the router has not yet noticed the dead replica: the resume round is refused before its
+            # first byte (502, or vllm-router's plain-text 500); that costs an attempt and the next one
+            # goes through
+            f"a-refused-resume-round-is-tried-again-{status}",
+            [(p("Box A."), broke()), verdicts("F"), refused(status), failed("connect"), (r("So A."), end())],
+            [
+                "start",
+                "check Box A.",
+                "step Box A.",
+                "resumed #1 resumed",
+                "drop",
+                "continue content=' Box A.'",
+                "resumed #2 resumed",
+                "drop",
+                "continue content=' Box A.'",
+                "resumed #3 resumed",
+                "drop",
+                "continue content=' Box A.'",
+                "step So A.",
+                "end stop",
+            ],
+            [("Box A.", "faithful/faithful"), ("So A.", "none/none")],
+            {"resume_attempts": 3},
+        )
+        for status in (502, 500)
     ),
     Case(
         "a-4xx-of-a-resume-round-fails",
