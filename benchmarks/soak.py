@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import os
 import random
@@ -60,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from faithproxy.server.heap_trim import mallinfo2
 
 CLIENT_BODY_TIMEOUT_S = 10.0
 HIDDEN_STATE_DETECTORS = ["probe", "cascade"]  # need --probe: a vLLM that captures hidden states
@@ -125,22 +126,13 @@ def _rss_kib() -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-    )]  # fmt: skip
-
-
 def _heap_mib() -> dict[str, float]:
     """glibc's own count of the heap: bytes handed out (live C and Python allocations, mmapped blocks
     included) and bytes it holds free. RSS that grows while `heap_in_use_mib` stays flat is the
     allocator keeping freed pages (fragmentation), not live objects. Empty where glibc has no mallinfo2."""
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except (AttributeError, OSError):
-        return {}
-    mallinfo2.restype = _MallInfo2
     info = mallinfo2()
+    if info is None:
+        return {}
     mib = 1024 * 1024
     return {
         "heap_in_use_mib": round((info.uordblks + info.hblkhd) / mib, 2),

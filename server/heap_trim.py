@@ -43,6 +43,25 @@ def malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+class MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (malloc.h): its own count of the heap."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]  # fmt: skip
+
+
+def mallinfo2() -> MallInfo2 | None:
+    """glibc's heap count now (the soak samples it; the tests count mmapped blocks with it), or None
+    where the C library has no mallinfo2 (musl, macOS, glibc before 2.33)."""
+    try:
+        call = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    call.restype = MallInfo2
+    return call()
+
+
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from faithproxy.server.app import create_app
-from faithproxy.server.heap_trim import HeapTrimmer, fix_mmap_threshold, malloc_trim
+from faithproxy.server.heap_trim import HeapTrimmer, fix_mmap_threshold, mallinfo2, malloc_trim
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app
 
@@ -101,22 +101,17 @@ async def test_zero_never_trims_and_a_libc_without_malloc_trim_only_logs(caplog:
 # fix_mmap_threshold returned.
 LARGE_BLOCKS = """
 import ctypes, json, sys
-from faithproxy.server.heap_trim import fix_mmap_threshold
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                               "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+from faithproxy.server.heap_trim import fix_mmap_threshold, mallinfo2
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-libc.mallinfo2.restype = MallInfo2
 pinned = fix_mmap_threshold(int(sys.argv[1]))
 libc.free(libc.malloc(4 << 20))
-before = libc.mallinfo2().hblks
+before = mallinfo2().hblks
 held = [libc.malloc(512 << 10) for _ in range(20)]
-print(json.dumps({"pinned": pinned, "mmapped": libc.mallinfo2().hblks - before}))
+print(json.dumps({"pinned": pinned, "mmapped": mallinfo2().hblks - before}))
 """
 
 
@@ -127,8 +122,8 @@ def large_blocks(threshold_bytes: int) -> dict[str, int]:
 
 
 def test_a_pinned_mmap_threshold_keeps_large_blocks_out_of_the_heap() -> None:
-    if malloc_trim() is None:
-        pytest.skip("not glibc")
+    if mallinfo2() is None:
+        pytest.skip("no glibc mallinfo2")
     dynamic, pinned = large_blocks(0), large_blocks(128 * 1024)
     print(f"\nmmap threshold: 512 KiB blocks mmapped after a 4 MiB free: dynamic {dynamic}, pinned {pinned}")
     assert dynamic == {"pinned": False, "mmapped": 0}  # glibc raised its threshold past 512 KiB
