@@ -107,9 +107,11 @@ class ReasoningFormat:
         if self.rewraps_final_message and not self.in_answer(text):
             # The template would close the think block anyway (`{r}\n</think>\n\n`): close it here in the
             # same words, so that what the model sees is what the proxy accepted and the client gets.
-            before, after = "\n", "\n\n"
+            # A newline the model wrote after its last step is already there (the template strips it
+            # and puts its own back: the model sees one either way).
+            before, after = ("" if text.endswith("\n") else "\n"), "\n\n"
             if accepted.get(Channel.REASONING):  # parsed: vLLM would split the two sides of the marker
-                bridge = {Channel.REASONING: before, Channel.CONTENT: after}
+                bridge = {Channel.REASONING: before, Channel.CONTENT: after} if before else {Channel.CONTENT: after}
             else:
                 bridge = {Channel.CONTENT: before + self.think_close + after}
             text += before + self.think_close + after

@@ -240,6 +240,11 @@ class StepSegmenter:
         end_char = _SENTENCE_END_CHAR.search(buffer, since)
         return end_char is not None and _WORD_THEN_SPACE.search(buffer, end_char.end()) is not None
 
+    def settled_lead(self) -> str:
+        """The whitespace and complete tags the buffer starts with: read after the last step, final (no
+        later text can make them part of a step), and the start of the next segment's `raw`."""
+        return self._buffer[: self._rules.leading_junk.match(self._buffer).end()]  # type: ignore[union-attr]
+
     def flush(self) -> list[Segment]:
         segments = []
         while self._buffer:

@@ -11,9 +11,10 @@ correct mode, per round:
   is dropped (vLLM stops decoding), the step is regenerated up to K times, each candidate re-checked,
   and a new round continues from the accepted text. After K failed tries the ORIGINAL step is kept (the
   model's own text; no candidate was better by the detector's standard), residual, and decoding goes on
-  after it: the dropped round's read-ahead continued exactly that prefix, so what it read (whole steps)
-  is checked and delivered as if the round had never stopped, and the new round starts after it (or
-  none starts, when the round had ended). A rewrite makes the read-ahead stale: it goes. Steps before
+  after it: the dropped round's read-ahead continued exactly that prefix, so what it read (whole steps,
+  then the newlines and tags past the last: RoundParser.read_past_last_step) is checked and delivered as
+  if the round had never stopped, and the new round starts after it (or none starts, when the round had
+  ended). A rewrite makes the read-ahead stale: it goes. Steps before
   an upstream failure are still delivered; the failure comes after them. With `Rules.sequential` the
   round is also stopped after every checked step (the pipelining benchmark's baseline).
 detect mode:
@@ -375,7 +376,8 @@ class CorrectionCore:
         for pos, item in enumerate(batch):
             if isinstance(item, Step) and _flagged(item):
                 if self._may_regenerate():
-                    self._start_fix(item, _ReadAhead([*batch[pos + 1 :], *self._pending], self._end))
+                    read = [*batch[pos + 1 :], *self._pending, *self._read_past_last_step()]
+                    self._start_fix(item, _ReadAhead(read, self._end))
                     return
                 _residual(item, "not_corrected")
             self._emit_item(item)
@@ -546,7 +548,8 @@ class CorrectionCore:
         upstream, where a router picks a live replica) continues from what the client already has, with
         the continuation a rewrite uses. correct mode gets here once every step the round read in whole
         was checked and delivered (a step rewritten among them drops the broken round and continues
-        anyway); the sentence it was cutting is gone, and the new round writes it again. detect mode
+        anyway), and the newlines and tags it read past the last of them go out too; the sentence it
+        was cutting is gone, and the new round writes it again. detect mode
         already sent the round's text as it came: the new round continues from exactly that text, through
         the same step parser, so the cut sentence is completed and checked as one step.
 
@@ -569,6 +572,8 @@ class CorrectionCore:
             self._drop_round()  # nothing accepted yet: the first round again, as the client sent it
             self._start_round(StartRound())
         else:
+            for item in self._read_past_last_step():  # e.g. the "\n</think>\n\n" after the last step
+                self._emit_item(item)
             self._drop_round()
             self._continue()
         return True
@@ -634,6 +639,11 @@ class CorrectionCore:
         )
         self._end, self._failure, self._deltas, self._tallied = None, None, 0, False
         self._out.append(start or StartRound())
+
+    def _read_past_last_step(self) -> list[TrailingRaw]:
+        """The open round's whitespace and tags after its last whole step, which a round continuing
+        after that step keeps (RoundParser.read_past_last_step says why); none once it has ended."""
+        return self._parser.read_past_last_step() if self._parser is not None else []
 
     def _drop_round(self) -> None:
         self._tally_round()

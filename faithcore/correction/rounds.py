@@ -34,6 +34,8 @@ class SegmenterLike(Protocol):
 
     def flush(self) -> list[Segment]: ...
 
+    def settled_lead(self) -> str: ...
+
 
 class RoundParser:
     """Cuts one round's text deltas into steps, per channel.
@@ -67,6 +69,24 @@ class RoundParser:
         out = self._flush(Channel.REASONING) if channel is Channel.CONTENT else []
         for segment in self._segmenters[channel].feed(text):
             out.append(self._step(channel, segment))
+        return out
+
+    def read_past_last_step(self) -> list[TrailingRaw]:
+        """What a round stopped now had read after its last whole step and that a continuation carries:
+        the whitespace and tags that can only precede the next step, cut where the model's tokenizer
+        most likely cut.
+
+        Continuing from the bare step would make the model write those characters again from a token
+        boundary it never produced: BPE tokenizers of the GPT-2 kind (Qwen, Llama 3) fold newlines
+        into the token of the punctuation before them (".\n") and put a space in front of the next
+        word (" The"). A model that ended a sentence with ".\n" and then "</think>" was seen, given
+        the sentence back ending in ".", to end its reply at once. So newlines and tags are kept and
+        the spaces after the last of them are left to the next round."""
+        out = []
+        for channel, segmenter in self._segmenters.items():
+            lead = segmenter.settled_lead().rstrip(" \t")
+            if lead:
+                out.append(TrailingRaw(channel, lead))
         return out
 
     def end(self) -> list[Step | TrailingRaw]:

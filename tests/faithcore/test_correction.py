@@ -72,6 +72,9 @@ class ScriptedSegmenter:
         raw, self._buffer = self._buffer, ""
         return [Segment(0, raw.strip(), raw)] if raw else []
 
+    def settled_lead(self) -> str:
+        return self._buffer[: len(self._buffer) - len(self._buffer.lstrip())]
+
 
 def scripted_kind(text: str) -> StepKind:
     return KINDS[text]
@@ -1133,3 +1136,63 @@ def test_the_sequential_rule_stops_the_model_after_each_checked_step() -> None:
     assert result.rounds == 2
     assert result.usage["completion_tokens"] == 1 + 2  # the stopped round's one delta, then vLLM's count
     assert [s.index for s in result.steps] == [0, 1]
+
+
+# ---- where a round continuing the model's own text starts ---------------------------------------
+
+# The fixture model's blue_square chain, as vLLM streams it (no reasoning parser): the think block's close
+# comes right after the last reasoning step. With the real segmenter, that step is whole only once the
+# tag is read, so a round stopped then has read "\n</think>\n\n" past its last whole step.
+_CHAIN = ("<think>\nThe shape is a triangle.", " So it has 3 corners.", "\n</think>", "\n\n")
+
+
+def _real(**overrides: Any) -> dict[str, Any]:
+    return {"segmenter": StepSegmenter, "typer": lambda text: P if "shape is" in text else R, **overrides}
+
+
+def test_a_kept_step_continues_after_the_newline_and_tag_the_model_wrote() -> None:
+    """The flagged step is kept after its one try; the read-ahead goes back in line and the next round
+    continues from exactly what the model wrote, "\\n</think>\\n\\n" included: continued from the bare
+    "corners.", the fixture model ends its reply at once and the answer is never written (a CI run lost
+    it so)."""
+    played = play(
+        [tuple(Delta("content", t) for t in _CHAIN[:2]), (*(Delta("content", t) for t in _CHAIN[2:]), verdicts("U")),
+         rewrite("Try 1."), verdicts("U"), (Delta("content", "The answer is B."), end())],
+        max_retries=1, **_real(),
+    )  # fmt: skip
+    assert played.lines == [
+        "start",
+        "check The shape is a triangle.",
+        "drop",
+        "regenerate The shape is a triangle. #1",
+        "recheck Try 1.",
+        "tried #1 still_unfaithful",
+        "step The shape is a triangle.",
+        "continue content='<think>\\nThe shape is a triangle. So it has 3 corners.\\n</think>\\n\\n'",
+        "step So it has 3 corners.",  # reasoning, not checked
+        "text '\\n</think>\\n\\n'",
+        "step The answer is B.",
+        "end stop",
+    ]
+
+
+def test_a_round_that_breaks_after_the_think_block_closed_continues_in_the_answer() -> None:
+    """The same text read before a break: the new round continues after the tag, not before it."""
+    played = play(
+        [tuple(Delta("content", t) for t in _CHAIN[:2]),
+         (*(Delta("content", t) for t in _CHAIN[2:]), Delta("content", "The ans"), broke(), verdicts("F")),
+         (Delta("content", "The answer is B."), end())],
+        resume_attempts=1, **_real(),
+    )  # fmt: skip
+    assert played.lines == [
+        "start",
+        "check The shape is a triangle.",
+        "step The shape is a triangle.",
+        "step So it has 3 corners.",
+        "resumed #1 resumed",
+        "text '\\n</think>\\n\\n'",
+        "drop",
+        "continue content='<think>\\nThe shape is a triangle. So it has 3 corners.\\n</think>\\n\\n'",
+        "step The answer is B.",
+        "end stop",
+    ]

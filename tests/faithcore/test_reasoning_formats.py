@@ -51,6 +51,12 @@ def test_qwen3_closes_a_think_block_its_template_cannot_leave_open() -> None:
     # unparsed: the prompt opened the block, the model's text has only the close marker
     cont = fmt.continuation(accepted("", "I see a car."))
     assert cont.content == "I see a car.\n</think>\n\n" and dict(cont.bridge) == {C: "\n</think>\n\n"}
+    # the model's own newline after its last step was kept (a round stopped there had read it): the
+    # bridge does not add a second one, in either channel layout
+    cont = fmt.continuation(accepted("I see a car.\n", ""))
+    assert cont.content == "I see a car.\n</think>\n\n" and dict(cont.bridge) == {C: "\n\n"}
+    cont = fmt.continuation(accepted("", "I see a car.\n"))
+    assert cont.content == "I see a car.\n</think>\n\n" and dict(cont.bridge) == {C: "</think>\n\n"}
     # after the block closed, the template renders the text as the model wrote it: nothing to add
     cont = fmt.continuation(accepted("I see a car.\n", "\n\nIt is red."))
     assert cont.content == "I see a car.\n</think>\n\nIt is red." and cont.in_answer and not cont.bridge

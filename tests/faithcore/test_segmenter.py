@@ -172,6 +172,16 @@ def test_partial_tag_at_the_end_is_text() -> None:
     assert [(s.text, s.raw) for s in segment_text("Done. </thi")] == [("Done.", "Done."), ("</thi", " </thi")]
 
 
+def test_the_settled_lead_is_the_whitespace_and_whole_tags_read_past_the_last_step() -> None:
+    segmenter = StepSegmenter()
+    assert segmenter.feed("<think>\nA red circle.\n</thi") == []  # a partial tag could still be text
+    assert segmenter.settled_lead() == "<think>\n"  # no step has been cut yet
+    assert [s.text for s in segmenter.feed("nk>\n\nThe ans")] == ["A red circle."]
+    assert segmenter.settled_lead() == "\n</think>\n\n"
+    assert [s.text for s in segmenter.feed("wer is A. It is")] == ["The answer is A."]
+    assert segmenter.settled_lead() == " "
+
+
 # -- incremental behaviour ---------------------------------------------------------------------
 
 

@@ -142,6 +142,74 @@ def test_continuation_reuses_cached_prefix(client: Any, vllm_server: Any) -> Non
     assert _prefix_cache_hits(vllm_server.base_url) - before >= 32
 
 
+def test_a_kept_step_read_to_the_think_close_continues_to_the_answer(client: Any, vllm_server: Any) -> None:
+    """The correction machine over vLLM's own stream, the check held until the stream has read the think
+    block's close (as a slow judge would): the planted step is flagged, its one try fails, the step is
+    kept, and the round the machine then asks for, sent to vLLM, writes the answer. The client gets the
+    chain exactly as the model wrote it. (A CI run lost this answer: the round used to continue from the
+    bare last step, and from there this model ends its reply at once.)"""
+    from faithproxy.faithcore import correction as c
+    from faithproxy.faithcore.types import Faithfulness, Verdict
+
+    fixture = spec.get(spec.FAILING_REGENERATION)
+    planted = fixture.planted_sentence
+    core = c.CorrectionCore(c.Rules("correct", "judge", max_retries=1))
+    held: list[c.Check] = []
+    sent: list[str] = []
+    rounds: list[c.StartRound] = []
+    ends: list[c.EmitEnd] = []
+
+    def take() -> None:
+        while not ends and (action := core.next_action()) is not c.WAIT:
+            if isinstance(action, c.Check):
+                held.append(action)
+            elif isinstance(action, c.Regenerate):
+                core.receive(c.Regenerated("The shape is a circle."))  # the model's own failing try
+            elif isinstance(action, c.EmitText):
+                sent.append(action.text)
+            elif isinstance(action, c.StartRound):
+                rounds.append(action)
+            elif isinstance(action, c.EmitEnd):
+                ends.append(action)
+
+    def answer_held() -> None:
+        while held:
+            check = held.pop(0)
+            bad = {planted, "The shape is a circle."}
+            core.receive(c.Checked([Verdict(Faithfulness.UNFAITHFUL if s.text in bad else Faithfulness.FAITHFUL,
+                                          "judge") for s in check.steps]))  # fmt: skip
+            take()
+
+    take()
+    stream = client.chat.completions.create(
+        model=vllm_server.model, messages=ex.question_messages(fixture), temperature=0, max_tokens=200, stream=True
+    )
+    read = ""
+    for chunk in stream:
+        text = chunk.choices[0].delta.content if chunk.choices else None
+        if text:
+            read += text
+            core.receive(c.Delta("content", text))
+            take()
+        if "</think>" in read:
+            break
+    stream.close()
+    answer_held()
+    assert len(rounds) == 2 and rounds[1].continuation is not None
+    partial = rounds[1].continuation.content
+    assert partial.startswith("<think>\n") and partial.rstrip("\n").endswith("corners.\n</think>"), partial
+    question = ex.question_messages(fixture)
+    rest = complete(client, vllm_server.model, [*question, {"role": "assistant", "content": partial}])
+    core.receive(c.Delta("content", rest))
+    core.receive(c.RoundEnd("stop", None))
+    take()
+    answer_held()
+    assert "".join(sent) == spec.chain_text(fixture) and [e.finish_reason for e in ends] == ["stop"]
+    # the cut the machine used to make: this model writes nothing more from there
+    bare = partial[: partial.index("\n</think>")]
+    assert complete(client, vllm_server.model, [*question, {"role": "assistant", "content": bare}]) == ""
+
+
 # --- parity with transformers -------------------------------------------------------------------------
 
 
