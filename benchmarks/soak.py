@@ -7,10 +7,10 @@ files, tasks and event-loop lag stay flat (issue 33). A benchmark, not a CI test
 Servers, each its own process: vLLM (CPU) serving the ShapesWorld model (or --vllm-url, or the fake
 upstream of `python -m faithproxy.testing` with --fake-upstream), the local pixel judge
 (benchmarks/standins/judge_server.py), and the proxy, served as `faithproxy serve` serves it (the
-tickless Server, server/connections.py's protocol) by this module's `serve` role, which adds two things
+tickless Server, server/admission/connections.py's protocol) by this module's `serve` role, which adds two things
 inside the proxy's process: a sampler that writes RSS, open file descriptors, asyncio tasks,
 event-loop lag (mean and max overshoot of a 100 ms sleep), the requests in flight and those cancelled
-because their client left (server/client_gone.py) as a JSON line every --sample-s, and the
+because their client left (server/admission/client_gone.py) as a JSON line every --sample-s, and the
 upstream fault injector, a transport under the vLLM client that resets a share of chat calls (before the
 answer or after its first bytes).
 
@@ -60,7 +60,7 @@ from typing import Any
 
 import httpx
 
-from faithproxy.server.heap_trim import mallinfo2
+from faithproxy.server.runtime.heap_trim import mallinfo2
 
 CLIENT_BODY_TIMEOUT_S = 10.0
 HIDDEN_STATE_DETECTORS = ["probe", "cascade"]  # need --probe: a vLLM that captures hidden states
@@ -231,7 +231,7 @@ async def sample_forever(
 
 
 def _trims(app: Any) -> dict[str, Any]:
-    """The heap trimmer's calls so far (server/heap_trim.py) and the seconds they took together."""
+    """The heap trimmer's calls so far (server/runtime/heap_trim.py) and the seconds they took together."""
     trimmer = getattr(app.state, "heap_trimmer", None)
     if trimmer is None or trimmer.trims == 0:
         return {}
@@ -272,10 +272,10 @@ def _proxy_counts(app: Any) -> dict[str, float | None]:
 async def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from faithproxy.server.admission.connections import HTTP_PROTOCOL
     from faithproxy.server.app import create_app
-    from faithproxy.server.connections import HTTP_PROTOCOL
+    from faithproxy.server.runtime.uvicorn_server import Server
     from faithproxy.server.settings import Settings
-    from faithproxy.server.uvicorn_server import Server
 
     if args.tracemalloc:
         tracemalloc.start(4)  # slows the proxy several-fold: a diagnostic run, not a measurement

@@ -1,7 +1,7 @@
 """Fetching the http(s) images clients name, under an SSRF policy.
 
 By default the server fetches every http(s) image URL of a request itself and sends vLLM and the
-judge the bytes (server/image_urls.py), so that no URL chosen by a client is fetched from the vLLM
+judge the bytes (server/admission/image_urls.py), so that no URL chosen by a client is fetched from the vLLM
 host unchecked; with URLs passed through, a judge configured with `fetch_images: true` still gets
 the bytes this way. The proxy then fetches URLs chosen by its clients, which makes it an SSRF target;
 every hop is therefore checked:

@@ -38,7 +38,7 @@ from faithproxy.faithcore.context import CheckResult, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
-    from faithproxy.detectors.registry import DetectorDeps
+    from faithproxy.detectors.base import DetectorDeps
 
 # The stages that decide a step: the label set of faithproxy_cascade_decisions_total{stage}.
 STAGES = ("probe", "judge")

@@ -60,7 +60,7 @@ from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
-    from faithproxy.detectors.registry import DetectorDeps
+    from faithproxy.detectors.base import DetectorDeps
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Per-request detector options, as a detector declares them: the header, the key, how to read it.
 
 A detector lists its options on its class (`Detector.options`); the server's header table
-(server/policy.py) reads every registered detector's declarations, so a new option touches only its
+(server/admission/policy.py) reads every registered detector's declarations, so a new option touches only its
 detector's file. A parser returns the value, or None when the header's text is not one; the server then
 answers 400 with "Expected <expected>." and the header's name.
 """

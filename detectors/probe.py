@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from faithproxy.clients.hidden_states import Features, HiddenStates, HiddenStatesClient
-    from faithproxy.detectors.registry import DetectorDeps
+    from faithproxy.detectors.base import DetectorDeps
 
 THRESHOLD_OPTION = "probe_threshold"  # RequestView.options key: the request's threshold (a header)
 PROBE_FORMAT = "faithproxy-probe"

@@ -22,7 +22,7 @@ from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 
 if TYPE_CHECKING:
     from faithproxy.clients.vllm import VLLMClient
-    from faithproxy.detectors.registry import DetectorDeps
+    from faithproxy.detectors.base import DetectorDeps
 
 
 class SelfCheckDetector(Detector):

@@ -10,11 +10,7 @@ imports a detector's module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-from faithproxy.detectors.base import Detector
+from faithproxy.detectors.base import Detector, DetectorDeps
 from faithproxy.detectors.options import DetectorOption
 from faithproxy.faithcore.registry import Entry, Registry
 
@@ -44,27 +40,6 @@ DETECTORS: Registry[type[Detector]] = Registry(
         "cascade": Entry("faithproxy.detectors.cascade:CascadeDetector", "probe when confident, judge otherwise"),
     },
 )
-
-
-@dataclass
-class DetectorDeps:
-    """What detectors may need from the server: judge backends by name, the default judge; the
-    generator's client (the prompt detector asks it); for the probe and the cascade a probe (loaded, or
-    the path of its file, which the probe's own `from_deps` reads) and a hidden-states client (both, or
-    neither is built); the server's cascade thresholds and where the cascade reports its decisions.
-    Services are typed loosely so that this layer imports no client it does not use."""
-
-    judges: dict[str, Any] = field(default_factory=dict)
-    default_judge: str | None = None
-    generator: Any = None  # clients.vllm.VLLMClient
-    probe: Any = None  # detectors.probe.Probe, already loaded (replay, tests)
-    probe_path: str | None = None  # a probe file, read when the probe is built (settings.probe_path)
-    hidden: Any = None  # clients.hidden_states.HiddenStatesClient
-    cascade_low: float = 0.1
-    cascade_high: float = 0.9
-    cascade_rewrites: str = "judge"  # "cascade": a rewrite's candidate goes through the probe first, as drafts do
-    judge_samples: dict[str, int] = field(default_factory=dict)  # self-consistency replies per judge name
-    on_cascade_decision: Callable[[str, int], None] | None = None
 
 
 def resolve(name: str) -> type[Detector]:

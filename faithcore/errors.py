@@ -8,7 +8,7 @@
     │   ├── PayloadTooLarge         413 invalid_request_error   (request body or one image too large)
     │   ├── HeadersTooLarge         431 invalid_request_error
     │   ├── RequestTimeout          408 invalid_request_error   (headers or body not in within the client
-    │   │                                                         timeouts: server/connections.py)
+    │   │                                                         timeouts: server/admission/connections.py)
     │   ├── ProbeMismatch           409 invalid_request_error   (the probe was trained for another model
     │   │                                                         or other layers than it is asked to read)
     │   └── PolicyForbidden         403 invalid_request_error   (a header, or the default it falls back to,
@@ -24,11 +24,11 @@
                                     metric inputs that do not match, a replay that cannot run; also a
                                     ValueError, so callers that catch that keep working
 
-Each class carries the OpenAI error `type` and HTTP status it maps to; server/errors.py turns any of
+Each class carries the OpenAI error `type` and HTTP status it maps to; server/protocol/errors.py turns any of
 them into an OpenAI-format error body (or a final SSE error frame once the stream has started).
 
 The `code` of an UpstreamError and of a DetectorError is a member of `UpstreamErrorCode` and
-`DetectorErrorCode`: the metrics label their error counters with exactly these sets (server/metrics.py
+`DetectorErrorCode`: the metrics label their error counters with exactly these sets (server/observe/metrics.py
 builds its label tuples from the enums), so a new reason cannot be raised without also being counted.
 A StrEnum member is its string: error bodies and traces carry the same `code` strings as before.
 """
@@ -118,7 +118,7 @@ class ProbeMismatch(PolicyError):
 
 class PolicyForbidden(PolicyError):
     """A request asks for (or would default to) what its API key's policy does not allow
-    (server/key_policy.py); `param` names the header, the message the allowed values."""
+    (server/admission/key_policy.py); `param` names the header, the message the allowed values."""
 
     status_code = 403
 

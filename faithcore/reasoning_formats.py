@@ -23,7 +23,7 @@ accepted text that way (Qwen3, cut inside the thinking), the proxy closes the th
 template would ("bridge" text, sent to the client as if the model had written it) and the model goes
 on with its answer.
 
-Pure: no I/O. The server picks a format from its settings or a request header (server/policy.py).
+Pure: no I/O. The server picks a format from its settings or a request header (server/admission/policy.py).
 """
 
 from __future__ import annotations

@@ -1,1 +1,14 @@
-"""The faithproxy web server: settings, request policy, routers, the chain session, metrics, traces."""
+"""The faithproxy web server, in rooms by job. Each room imports only the rooms listed before it
+(tests/test_layers.py holds the order):
+
+    settings.py   every FAITHPROXY_* setting (pydantic-settings)
+    protocol/     the doors table and each API's wire shapes: error bodies, SSE frames
+    observe/      what an operator watches: metrics, OpenTelemetry, traces, reports
+    state.py      AppState: the resources one app owns, built in its lifespan
+    admission/    what a request passes before it is served: keys, policy, limits, JSON guard, media URLs
+    runtime/      the process: uvicorn, workers, supervisor, heap trim, the last-resort 500
+    chain/        the async driver that runs faithcore's correction machine over one upstream stream
+    doors/        the routes: the four model doors (off mode included), reports, pages, ops
+    app.py        create_app: the rooms put together
+    cli.py        `faithproxy serve`, `segment`, `detectors`, `report`
+"""

@@ -20,27 +20,35 @@ from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.registry import DetectorDeps, build_detectors
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
-from faithproxy.server.affinity import RoutingKeyMiddleware
-from faithproxy.server.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddleware
-from faithproxy.server.connections import STATE_KEY as CONNECTIONS_STATE
-from faithproxy.server.connections import connection_rules
-from faithproxy.server.errors import faithproxy_error_handler, validation_error_handler
-from faithproxy.server.heap_trim import HeapTrimmer, fix_mmap_threshold
-from faithproxy.server.internal_errors import InternalErrorMiddleware
-from faithproxy.server.key_policy import KeyPolicies
-from faithproxy.server.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.otel import Telemetry, TracingMiddleware
-from faithproxy.server.passthrough import OffModeMiddleware
-from faithproxy.server.report_page import ListedReports
-from faithproxy.server.reports import Reports, ReportStore, SharedReportStore
-from faithproxy.server.reports_redis import RedisReportStore
-from faithproxy.server.routers import chat, completions, faithfulness, messages, ops, report_pages, responses_api
-from faithproxy.server.schema import install_openapi
+from faithproxy.server.admission.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddleware
+from faithproxy.server.admission.connections import STATE_KEY as CONNECTIONS_STATE
+from faithproxy.server.admission.connections import connection_rules
+from faithproxy.server.admission.key_policy import KeyPolicies
+from faithproxy.server.admission.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
+from faithproxy.server.chain.affinity import RoutingKeyMiddleware
+from faithproxy.server.doors import (
+    chat_router,
+    completions_router,
+    messages_router,
+    ops_router,
+    pages_router,
+    reports_router,
+    responses_router,
+)
+from faithproxy.server.doors.off import OffModeMiddleware
+from faithproxy.server.doors.schema import install_openapi
+from faithproxy.server.observe.metrics import Metrics
+from faithproxy.server.observe.otel import Telemetry, TracingMiddleware
+from faithproxy.server.observe.report_page import ListedReports
+from faithproxy.server.observe.reports import Reports, ReportStore, SharedReportStore
+from faithproxy.server.observe.reports_redis import RedisReportStore
+from faithproxy.server.observe.traces import TraceWriter
+from faithproxy.server.protocol.errors import faithproxy_error_handler, validation_error_handler
+from faithproxy.server.runtime.heap_trim import HeapTrimmer, fix_mmap_threshold
+from faithproxy.server.runtime.internal_errors import InternalErrorMiddleware
+from faithproxy.server.runtime.workers import worker_exit
 from faithproxy.server.settings import Settings, get_settings
 from faithproxy.server.state import AppState
-from faithproxy.server.traces import TraceWriter
-from faithproxy.server.workers import worker_exit
 
 log = logging.getLogger("faithproxy")
 
@@ -59,7 +67,7 @@ def create_app(
 
     Middleware, outermost first: tracing (when on), internal errors (500 in the door's format), request
     size (431/413), API keys (401), concurrency (429), then off
-    mode's pure-ASGI pass-through (server/passthrough.py) in front of the router.
+    mode's pure-ASGI pass-through (server/doors/off.py) in front of the router.
     """
     settings = settings or get_settings()
     # Counters and histograms export no `<name>_created` series (prometheus_client adds one beside each
@@ -74,12 +82,12 @@ def create_app(
     built_metrics: list[Metrics] = []
     # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
     reports = _report_store(settings, built_metrics)
-    # GET /reports lists them (server/report_page.py)
+    # GET /reports lists them (server/observe/report_page.py)
     reports = ListedReports(reports, settings.reports_max_count, settings.reports_max_age_s)
     # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
     key_policies = _key_policies(settings, built_metrics)
 
-    # OpenTelemetry traces when the OTEL_* variables ask for them (server/otel.py); None otherwise.
+    # OpenTelemetry traces when the OTEL_* variables ask for them (server/observe/otel.py); None otherwise.
     def count_dropped(spans: int) -> None:  # from the export thread
         if built_metrics:
             built_metrics[0].otel_spans_dropped.inc(spans)
@@ -164,7 +172,7 @@ def create_app(
         except (UpstreamError, ValueError):
             log.warning("upstream %s not reachable at start; /readyz will say so", settings.upstream_url)
         try:
-            # The ASGI lifespan state: uvicorn hands it to each connection (server/connections.py's timeouts).
+            # The ASGI lifespan state: uvicorn hands it to each connection (server/admission/connections.py's timeouts).
             yield {CONNECTIONS_STATE: connection_rules(settings, metrics)}
         finally:
             for detector in detectors.values():
@@ -180,13 +188,13 @@ def create_app(
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(responses_api.router)
-    app.include_router(messages.router)
-    app.include_router(ops.router)
-    app.include_router(faithfulness.router)
-    app.include_router(report_pages.router)
+    app.include_router(chat_router.router)
+    app.include_router(completions_router.router)
+    app.include_router(responses_router.router)
+    app.include_router(messages_router.router)
+    app.include_router(ops_router.router)
+    app.include_router(reports_router.router)
+    app.include_router(pages_router.router)
     install_openapi(app, settings)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
@@ -206,7 +214,7 @@ def create_app(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
     # Outside every middleware but tracing's: an exception none of them answered is a 500 in the
-    # door's format, logged with the request id and counted (server/internal_errors.py).
+    # door's format, logged with the request id and counted (server/runtime/internal_errors.py).
     app.add_middleware(InternalErrorMiddleware)
     if telemetry is not None:  # outermost: every refusal is a traced request too
         app.add_middleware(TracingMiddleware, telemetry=telemetry)

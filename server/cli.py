@@ -31,9 +31,9 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(settings, overrides, args)
     from uvicorn.config import STARTUP_FAILURE
 
-    from faithproxy.server import uvicorn_server
+    from faithproxy.server.admission.connections import HTTP_PROTOCOL
     from faithproxy.server.app import create_app
-    from faithproxy.server.connections import HTTP_PROTOCOL
+    from faithproxy.server.runtime import uvicorn_server
 
     started = uvicorn_server.run(  # uvicorn.run's single process, without the housekeeping tick
         create_app(settings),
@@ -41,17 +41,17 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
-        http=HTTP_PROTOCOL,  # client header, body and idle timeouts (server/connections.py)
+        http=HTTP_PROTOCOL,  # client header, body and idle timeouts (server/admission/connections.py)
     )
     return 0 if started else STARTUP_FAILURE
 
 
 def _serve_workers(settings: Any, overrides: dict[str, Any], args: argparse.Namespace) -> int:
-    """N worker processes (server/workers.py): each builds its app from the environment, where the
+    """N worker processes (server/runtime/workers.py): each builds its app from the environment, where the
     command line's settings are put first, and keeps its metrics in the shared multiprocess folder."""
-    from faithproxy.server.connections import HTTP_PROTOCOL
-    from faithproxy.server.supervisor import run_workers
-    from faithproxy.server.workers import metrics_folder, reports_file
+    from faithproxy.server.admission.connections import HTTP_PROTOCOL
+    from faithproxy.server.runtime.supervisor import run_workers
+    from faithproxy.server.runtime.workers import metrics_folder, reports_file
 
     for name, value in overrides.items():
         os.environ[f"FAITHPROXY_{name.upper()}"] = str(value)
@@ -103,7 +103,7 @@ def _detectors(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     """The report pages of a trace file's requests, as static HTML files (the server's templates)."""
-    from faithproxy.server.report_page import read_trace, write_static
+    from faithproxy.server.observe.report_page import read_trace, write_static
 
     try:
         count = write_static(read_trace(args.trace), args.html)

@@ -4,7 +4,7 @@ Judges are configured here and only here (name → backend, model, URL, key); a 
 one by name, never pass a URL or a key.
 
 Three kinds of keys never meet: `api_keys` are what clients of the proxy present (checked by
-server/auth.py, never forwarded), `upstream_api_key` goes to vLLM only, each judge's key to that judge
+server/admission/auth.py, never forwarded), `upstream_api_key` goes to vLLM only, each judge's key to that judge
 only. All are SecretStr: a repr or a log line shows `**********`.
 """
 
@@ -51,12 +51,12 @@ class Settings(BaseSettings):
     # Bearer keys of the proxy's clients (FAITHPROXY_API_KEYS=key1,key2). Empty: no auth.
     # /healthz and /readyz stay open; /metrics too unless metrics_require_key.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    # Policy per API key (server/key_policy.py): a YAML file of a default policy and named keys' policies,
+    # Policy per API key (server/admission/key_policy.py): a YAML file of a default policy and named keys' policies,
     # whose keys are valid API keys beside `api_keys`; reloaded on SIGHUP. None: no per-key policy.
     policy_file: str | None = None
     metrics_require_key: bool = False
 
-    # Limits (see server/limits.py). Bodies and images are counted in bytes.
+    # Limits (see server/admission/limits.py). Bodies and images are counted in bytes.
     max_body_bytes: int = Field(32 * _MiB, gt=0)  # 413
     max_header_bytes: int = Field(32 * 1024, gt=0)  # all header names and values together: 431
     max_images_per_request: int = Field(16, ge=0)  # 400
@@ -67,18 +67,18 @@ class Settings(BaseSettings):
     # Chat completions served at once (streams count until their last byte); beyond: 429 + Retry-After.
     max_concurrent_requests: int = Field(512, gt=0)
     retry_after_s: int = Field(1, ge=0)
-    # Client timeouts (server/connections.py): the headers, then the whole body, must arrive within
+    # Client timeouts (server/admission/connections.py): the headers, then the whole body, must arrive within
     # these (else 408 and the connection closes); a kept-alive connection idle this long is closed.
     client_header_timeout_s: float = Field(30.0, gt=0)
     client_body_timeout_s: float = Field(30.0, gt=0)
     client_idle_timeout_s: float = Field(5.0, gt=0)
-    # Per client (server/limits.py, server/connections.py): requests in flight per API key (else per
+    # Per client (server/admission/limits.py, server/admission/connections.py): requests in flight per API key (else per
     # address), and open connections per address; beyond: 429 + Retry-After. None: no per-client limit
     # (clients behind one NAT or load balancer share an address).
     max_requests_per_client: int | None = Field(None, gt=0)
     max_connections_per_client: int | None = Field(None, gt=0)
 
-    # http(s) image URLs in requests, in every mode (server/image_urls.py): "fetch" them under
+    # http(s) image URLs in requests, in every mode (server/admission/image_urls.py): "fetch" them under
     # `image_fetch` and send vLLM and the judge the bytes; "refuse" them (400); or "pass" them to vLLM,
     # only for a vLLM started with --allowed-media-domains.
     image_urls: Literal["fetch", "refuse", "pass"] = "fetch"
@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     judge_every_step: bool = False
 
     judges: list[JudgeConfig] = Field(default_factory=list)
-    # Collaborative hint inference (server/hints.py): the judge that writes the hints (any configured
+    # Collaborative hint inference (server/chain/hints.py): the judge that writes the hints (any configured
     # judge, asked with the question text only), and whether requests get hints without the header.
     hint_judge: str | None = None
     hints_default: bool = False
@@ -142,10 +142,10 @@ class Settings(BaseSettings):
     think_close_tag: str = "</think>"
 
     # Seconds between malloc_trim(0) calls that hand the heap glibc holds free back to the OS
-    # (server/heap_trim.py; the soak's RSS climb was freed memory kept, not live objects); 0: never.
+    # (server/runtime/heap_trim.py; the soak's RSS climb was freed memory kept, not live objects); 0: never.
     heap_trim_interval_s: float = Field(60.0, ge=0)
     # Blocks this size or larger are always mmapped, so they go back to the OS when freed (glibc's
-    # mallopt(M_MMAP_THRESHOLD), set at start; server/heap_trim.py says why); 0: glibc's dynamic threshold.
+    # mallopt(M_MMAP_THRESHOLD), set at start; server/runtime/heap_trim.py says why); 0: glibc's dynamic threshold.
     heap_mmap_threshold_bytes: int = Field(128 * 1024, ge=0, le=32 * 1024 * 1024)
 
     trace_path: str | None = None
@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     reports_path: str | None = None
     # Redis for them instead (redis://host:6379/0), which replicas on several machines share; wins over
     # reports_path. Every call to it is bounded by reports_timeout_s: a Redis that is down or slow never
-    # holds up a request (server/reports_redis.py). Secret: the URL may carry Redis's password.
+    # holds up a request (server/observe/reports_redis.py). Secret: the URL may carry Redis's password.
     reports_url: SecretStr | None = None
     reports_timeout_s: float = Field(2.0, gt=0)
     # Keep the request's images (as the data URLs the judge was given) in its report, for the report page

@@ -11,10 +11,10 @@ from faithproxy.clients.image_fetch import ImageFetcher
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.base import Detector
 from faithproxy.regenerators.base import Regenerator
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.reports import Reports
+from faithproxy.server.observe.metrics import Metrics
+from faithproxy.server.observe.reports import Reports
+from faithproxy.server.observe.traces import TraceWriter
 from faithproxy.server.settings import Settings
-from faithproxy.server.traces import TraceWriter
 
 
 @dataclass

@@ -158,17 +158,17 @@ def test_the_readme_names_every_setting() -> None:
 
 
 def test_the_readme_names_every_header() -> None:
-    from faithproxy.server import policy
+    from faithproxy.server.admission import policy
 
     text = _text(README).lower()
     headers = [value for name, value in vars(policy).items() if name.startswith("HEADER_")]
-    assert headers, "server/policy.py names its headers HEADER_*"
+    assert headers, "server/admission/policy.py names its headers HEADER_*"
     headers += policy.detector_headers()  # the detectors' own, declared on their classes
     assert [header for header in headers if header not in text] == []
 
 
 def test_the_readme_names_every_metric() -> None:
-    from faithproxy.server.metrics import Metrics
+    from faithproxy.server.observe.metrics import Metrics
 
     registry = CollectorRegistry()
     Metrics(registry)

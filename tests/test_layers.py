@@ -239,9 +239,13 @@ def test_tests_and_scripts_use_the_namespace() -> None:
     ("source", "module", "expected"),
     [
         # a server module that names one detector (the back door issue 28 closes)
-        ("from faithproxy.detectors.probe import Probe\n", "faithproxy.server.session", "specific plug-in"),
+        ("from faithproxy.detectors.probe import Probe\n", "faithproxy.server.chain.session", "specific plug-in"),
         ("from faithproxy.detectors import probe\n", "faithproxy.server.app", "specific plug-in"),
-        ("X = 'faithproxy.detectors.cascade:CascadeDetector'\n", "faithproxy.server.metrics", "specific plug-in"),
+        (
+            "X = 'faithproxy.detectors.cascade:CascadeDetector'\n",
+            "faithproxy.server.observe.metrics",
+            "specific plug-in",
+        ),
         (
             "from faithproxy.regenerators.reflect import ReflectRegenerator\n",
             "faithproxy.server.app",
@@ -261,7 +265,7 @@ def test_tests_and_scripts_use_the_namespace() -> None:
         # the tools above the product
         (
             "'''Renders with faithproxy.shapesworld.scenes.'''\n",
-            "faithproxy.server.reader",
+            "faithproxy.server.chain.reader",
             "may not reference shapesworld",
         ),
         (
@@ -306,3 +310,126 @@ def test_the_rule_itself(source: str, module: str, expected: str | None) -> None
         assert problems == []
     else:
         assert len(problems) == 1 and expected in problems[0], problems
+
+
+# ---- the rooms of server/ (server/__init__.py draws them) ----
+# Bottom to top: a server module references only its own room and the rooms before it, so no import runs
+# back up and none goes round in a circle. A top-level module (settings, state, app, cli) is a room alone.
+ROOMS = ("settings", "protocol", "observe", "state", "admission", "runtime", "chain", "doors", "app", "cli")
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def room_of(module: str) -> str | None:
+    """The room of a faithproxy.server module, "" for the package itself, None outside the server."""
+    parts = module.split(".")
+    if parts[:2] != ["faithproxy", "server"]:
+        return None
+    return parts[2] if len(parts) > 2 else ""
+
+
+def room_violations(refs: Iterable[Reference], rel: str, module: str) -> list[str]:
+    """The references in `refs` that run from `module`'s room up to a later one."""
+    own = room_of(module)
+    if not own:
+        return []
+    known = product_files()
+    problems = []
+    for line, name in refs:
+        other = room_of(_target(name, known))
+        if other is None or other == "" or other == own:
+            continue
+        if other not in ROOMS or own not in ROOMS:
+            problems.append(f"{rel}:{line}: {name!r}: {other if other not in ROOMS else own!r} is not a room of ROOMS")
+        elif ROOMS.index(other) > ROOMS.index(own):
+            problems.append(f"{rel}:{line}: {name!r}: {own}/ may not reference {other}/, a later room")
+    return problems
+
+
+def test_server_rooms_reference_only_earlier_rooms() -> None:
+    server = {name: path for name, path in product_files().items() if room_of(name) is not None}
+    problems = [
+        problem
+        for name, path in server.items()
+        for problem in room_violations(file_references(path), str(path.relative_to(REPO)), name)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_server_top_level_is_its_rooms() -> None:
+    """Every folder and module at server/'s top is a room of ROOMS, and there are at most a dozen."""
+    top = sorted(p.stem for p in (REPO / "server").iterdir() if p.suffix == ".py" and p.stem != "__init__")
+    folders = sorted(p.name for p in (REPO / "server").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert set(top) | set(folders) == set(ROOMS), (top, folders)
+    assert len(top) + len(folders) <= MAX_TOP_LEVEL_MODULES
+
+
+@pytest.mark.parametrize("room", [room for room in ROOMS if (REPO / "server" / room).is_dir()])
+def test_each_room_says_what_it_may_import(room: str) -> None:
+    """A room's docstring names the rooms it may import, and they are exactly the earlier ones: the
+    docstring a newcomer reads and the rule this test enforces can't drift apart."""
+    doc = ast.get_docstring(_parse(REPO / "server" / room / "__init__.py")) or ""
+    match = re.search(r"May import:\s*([^.(]*)", doc)
+    assert match, f"server/{room}/__init__.py: its docstring should end with 'May import: <rooms>.'"
+    named = {word.strip() for word in match.group(1).replace("\n", " ").split(",")}
+    assert named == set(ROOMS[: ROOMS.index(room)]), named
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The product modules a file imports (anywhere), strings left out: a registry names its plug-ins'
+    modules as lazy entries on purpose, and a string is not loaded when the registry is."""
+    tree = _parse(path)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= set(_from_import(node, known))
+    return {_target(name, known) for name in names} & known.keys()
+
+
+def test_no_import_circles_in_the_product() -> None:
+    """No two product modules import each other, however indirectly (TYPE_CHECKING and function-level
+    imports included: a cycle hidden in a function is still a cycle)."""
+    known = product_files()
+    graph = {name: _imports(path, known) - {name} for name, path in known.items() if layer_of(name) in PRODUCT}
+    assert _cycles(graph) == []
+
+
+def test_the_room_rule_itself() -> None:
+    known = product_files()
+    planted = references(ast.parse("from faithproxy.server.doors.serving import ChatServing\n"), known)
+    assert room_violations(planted, "x.py", "faithproxy.server.observe.traces")
+    assert not room_violations(planted, "x.py", "faithproxy.server.doors.off")
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,4 +1,4 @@
-"""Proxy trace records (server/traces.py, schema version 1) → labelled chains, and back, losslessly.
+"""Proxy trace records (server/observe/traces.py, schema version 1) → labelled chains, and back, losslessly.
 
 A trace record becomes one labelled chain:
 

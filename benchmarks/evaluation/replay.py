@@ -1,6 +1,6 @@
 """Offline replay: run any registered detector over recorded chains and score it against their labels.
 
-Each chain is checked the way the proxy checks a live one (server/session.py), minus regeneration:
+Each chain is checked the way the proxy checks a live one (server/chain/session.py), minus regeneration:
 its steps, typed by the proxy's keyword typer (or by the gold kinds, `kinds="gold"`), go to the
 detector in batches of up to `batch` steps, with the steps already checked as the view's `accepted`. A
 detector that stops at the first unfaithful step (the judge) marks the steps after it as not reached:

@@ -58,7 +58,7 @@ from faithproxy.benchmarks.evaluation.labelled import LabelledChain, LabelledSte
 from faithproxy.clients.judge_base import JudgeBackend, JudgeConfig
 from faithproxy.clients.judges import build_judge
 from faithproxy.faithcore.segmenter import segment_text
-from faithproxy.server.policy import HEADER_MODE
+from faithproxy.server.admission.policy import HEADER_MODE
 
 MODE_HEADER_VALUES = {"vanilla": "off", "detect": "detect", "correct": "correct"}
 PREDICTIONS = "predictions.jsonl"

@@ -11,7 +11,7 @@ that calls a judge takes one. A threshold is chosen on validation-seed chains (`
 on the held-out ones the row is reported on.
 
 Every figure here is by ground truth (`shapesworld.claims` on the scene's true objects), read from the
-proxy's traces (server/summary.py `trace_steps`): a step's `original_text` is its first draft, `detected`
+proxy's traces (server/observe/summary.py `trace_steps`): a step's `original_text` is its first draft, `detected`
 the detector's first verdict on it, `attempts` the regeneration tries it took.
 
 - False flags: first drafts the detector flagged that are not false by ground truth. Each costs

@@ -4,7 +4,7 @@ connections held open, side by side in one run (issue 33).
     .venv/bin/python -m faithproxy.benchmarks.performance.hostile_clients [--held 2000] [--requests 200]
 
 A fast upstream (`python -m faithproxy.testing`) and `faithproxy serve` in front of it, each its own
-process; the proxy runs as deployed (server/connections.py's protocol) with its client header and body
+process; the proxy runs as deployed (server/admission/connections.py's protocol) with its client header and body
 timeouts set to --timeout-s and --max-concurrent slots, far fewer than the held connections. Phases, in
 this order: unloaded; --held stalled uploads (headers and a few body bytes, then nothing); --held
 slow-header connections (half send part of their headers, half nothing); unloaded again. In each,

@@ -22,7 +22,7 @@ Latency follows a real VLM's token timing: `latency_s` (a fixed part: network, s
 `input_token_s` per prompt token not served from cache (prefill) plus `output_token_s` per output token
 (decode), all 0 by default.
 
-A hint request of the proxy's collaborative hint inference (server/hints.py) gets the fixed HINT_REPLY,
+A hint request of the proxy's collaborative hint inference (server/chain/hints.py) gets the fixed HINT_REPLY,
 and the whole-chain evaluation prompt of `faithproxy bench judge-upr` a block per sentence with the
 oracle's (or the pixels') labels.
 
@@ -209,7 +209,7 @@ def create_app(
         info = {"model": body.get("model") or "local-judge", "parts": parts, "logprobs": bool(body.get("logprobs"))}
         if state.mode == "garbage":
             return GARBAGE_REPLY, info
-        if _HINT_FIELDS.issubset(set(_FIELD_NAMES.findall(text))):  # a hint request (server/hints.py)
+        if _HINT_FIELDS.issubset(set(_FIELD_NAMES.findall(text))):  # a hint request (server/chain/hints.py)
             state.last_request = {"protocol": protocol, "model": body.get("model"), "hint_prompt": text}
             return HINT_REPLY, info
         images_bytes = [i["bytes"] for i in images if "bytes" in i]

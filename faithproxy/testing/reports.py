@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# What a report's steps carry beyond the response's annotation (server/reports.py `report`): the step's
+# What a report's steps carry beyond the response's annotation (server/observe/reports.py `report`): the step's
 # text and channel, and for a reader the detector's reason and the rewrites rejected.
 REPORT_ONLY = ("text", "channel", "reason", "rejected")
 

@@ -148,7 +148,7 @@ def strings_in(node: Any) -> Iterator[str]:
 
 def exported_faithproxy_names() -> set[str]:
     """The sample names faithproxy's /metrics can carry, from server.metrics itself."""
-    from faithproxy.server.metrics import Metrics
+    from faithproxy.server.observe.metrics import Metrics
 
     registry = CollectorRegistry()
     Metrics(registry, ["judge"])

@@ -25,7 +25,7 @@ from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, parse_judge_r
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.images import ImageRef
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
-from faithproxy.server.summary import step_annotation, trace_steps
+from faithproxy.server.observe.summary import step_annotation, trace_steps
 
 RECORDED = Path(__file__).parent / "vllm_logprobs"
 
@@ -219,8 +219,8 @@ def test_the_threshold_header_is_declared_on_the_judge_and_parsed_as_a_probabili
 def test_an_unsure_step_is_counted_under_its_own_verdict_and_is_not_residual() -> None:
     from prometheus_client import CollectorRegistry
 
-    from faithproxy.server.metrics import Metrics
-    from faithproxy.server.step_metrics import count_step
+    from faithproxy.server.observe.metrics import Metrics
+    from faithproxy.server.observe.step_metrics import count_step
 
     registry = CollectorRegistry()
     metrics = Metrics(registry, detectors=["judge"])

@@ -1,4 +1,4 @@
-"""One admission path (server/admission.py): the chat router and off mode's pure-ASGI middleware refuse
+"""One admission path (server/admission/admit.py): the chat router and off mode's pure-ASGI middleware refuse
 the same bad request with the same status and error, count it the same way, and send nothing upstream.
 A real uvicorn proxy in front of a FakeUpstream."""
 
@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from faithproxy.server import admission, passthrough
+from faithproxy.server.admission import admit as admission
 from faithproxy.server.app import create_app
-from faithproxy.server.routers import chat
+from faithproxy.server.doors import chat_router as chat
+from faithproxy.server.doors import off as passthrough
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, metric, running_app
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from faithproxy.faithcore.errors import PolicyError
-from faithproxy.server.anthropic_messages import chat_body
 from faithproxy.server.app import create_app
+from faithproxy.server.doors.messages import chat_body
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, metric, running_app
 from tests.server.test_openai_responses import Thinking

@@ -1,4 +1,4 @@
-"""Client API keys (server/auth.py) and the separation of the three kinds of keys.
+"""Client API keys (server/admission/auth.py) and the separation of the three kinds of keys.
 
 The proxy runs for real (uvicorn on 127.0.0.1); vLLM is a MockTransport that records what it is sent;
 the judge is the local judge server on 127.0.0.1 with a recorder of the headers it receives.
@@ -19,9 +19,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
+from faithproxy.server.admission.auth import APIKeyMiddleware
+from faithproxy.server.admission.limits import CHAT_PATH as CHAT
 from faithproxy.server.app import create_app
-from faithproxy.server.auth import APIKeyMiddleware
-from faithproxy.server.limits import CHAT_PATH as CHAT
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, frames, metric, running_app
 

@@ -1,4 +1,4 @@
-"""No work for a client that left (issue 33, server/client_gone.py): a request whose client hangs up
+"""No work for a client that left (issue 33, server/admission/client_gone.py): a request whose client hangs up
 before the answer is complete is cancelled in every mode, streamed or not: the upstream stream is
 closed (vLLM would abort it), the slot is free, the trace record is written and the request counted.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from faithproxy.server.admission.connections import HTTP_PROTOCOL
 from faithproxy.server.app import create_app
-from faithproxy.server.connections import HTTP_PROTOCOL
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, metric, running_app
 from tests.support import read_traces

@@ -1,6 +1,6 @@
 """Per-client limits (issue 33): one client over its limit of requests in flight (per API key, else per
 address) or of open connections (per address) gets 429 with Retry-After, while another client's
-requests all succeed. Against the real server with server/connections.py's protocol."""
+requests all succeed. Against the real server with server/admission/connections.py's protocol."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
+from faithproxy.server.admission.connections import HTTP_PROTOCOL
+from faithproxy.server.admission.limits import client_key
 from faithproxy.server.app import create_app
-from faithproxy.server.connections import HTTP_PROTOCOL
-from faithproxy.server.limits import client_key
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app
 from faithproxy.testing.metrics import metric

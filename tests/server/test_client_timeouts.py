@@ -1,6 +1,6 @@
 """Hostile clients (issue 33): stalled uploads and slow headers hold no concurrency slot, are answered 408
 and closed at the client timeouts, and are counted by reason, while real requests go through; idle
-keep-alive connections are closed too. Against the real server (uvicorn with server/connections.py's
+keep-alive connections are closed too. Against the real server (uvicorn with server/admission/connections.py's
 protocol, as `faithproxy serve` runs it). Latency under this load is measured by
 benchmarks/performance/hostile_clients.py, not asserted here."""
 
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from faithproxy.server.admission.connections import HTTP_PROTOCOL, ConnectionProtocol, timeout_response
 from faithproxy.server.app import create_app
-from faithproxy.server.connections import HTTP_PROTOCOL, ConnectionProtocol, timeout_response
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, running_app
 from faithproxy.testing.metrics import metric

@@ -23,11 +23,11 @@ from faithproxy.faithcore.correction import Delta, RoundEnd, StartRound
 from faithproxy.faithcore.correction.wire import CompletionChunkReader
 from faithproxy.faithcore.reasoning_formats import Continuation
 from faithproxy.faithcore.types import Channel
+from faithproxy.server.admission.policy import RequestPolicy
 from faithproxy.server.app import create_app
-from faithproxy.server.completions import COMPLETIONS_WIRE, completions_round_body
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.session import ChainSession, EmitEnd, EmitText
+from faithproxy.server.chain.session import ChainSession, EmitEnd, EmitText
+from faithproxy.server.doors.completions import COMPLETIONS_WIRE, completions_round_body
+from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, metric, running_app
 from faithproxy.testing.answer import Stream

@@ -26,13 +26,13 @@ from faithproxy.benchmarks.standins.judge_server import JudgeServerState
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.metrics import UPSTREAM_ERRORS
+from faithproxy.server.observe.metrics import UPSTREAM_ERRORS
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, frames, metric, running_app, threaded_app
 
 DEADLINE_S = 15
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
-# Metric label of a stall: "stalled" once server/metrics.py lists it, "other" until then.
+# Metric label of a stall: "stalled" once server/observe/metrics.py lists it, "other" until then.
 STALLED = "stalled" if "stalled" in UPSTREAM_ERRORS else "other"
 
 

@@ -1,4 +1,4 @@
-"""Fuzzing with a policy per API key (server/key_policy.py): schemathesis against the chat door's OpenAPI
+"""Fuzzing with a policy per API key (server/admission/key_policy.py): schemathesis against the chat door's OpenAPI
 schema, on the in-process app and the flaky fake vLLM of tests/server/test_fuzz.py, with a policy file
 whose keys limit modes, detectors, retries and hints. Each generated case (its X-Faithproxy-* headers
 included) is sent with four keys, as generated and in mode off: 8 variants, 480 requests.

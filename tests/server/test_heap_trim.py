@@ -1,4 +1,4 @@
-"""The heap trimmer (server/heap_trim.py): glibc's malloc_trim on a timer, in a worker thread.
+"""The heap trimmer (server/runtime/heap_trim.py): glibc's malloc_trim on a timer, in a worker thread.
 
 The real malloc_trim hands freed heap back: 32 MiB of small C allocations are freed under one still in
 use above them (glibc cannot shrink the heap past a live chunk), RSS stays up until the trimmer runs,
@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from faithproxy.server.app import create_app
-from faithproxy.server.heap_trim import HeapTrimmer, fix_mmap_threshold, mallinfo2, malloc_trim
+from faithproxy.server.runtime.heap_trim import HeapTrimmer, fix_mmap_threshold, mallinfo2, malloc_trim
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app
 
@@ -101,7 +101,7 @@ async def test_zero_never_trims_and_a_libc_without_malloc_trim_only_logs(caplog:
 # fix_mmap_threshold returned.
 LARGE_BLOCKS = """
 import ctypes, json, sys
-from faithproxy.server.heap_trim import fix_mmap_threshold, mallinfo2
+from faithproxy.server.runtime.heap_trim import fix_mmap_threshold, mallinfo2
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

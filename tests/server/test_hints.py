@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faithproxy.server.hints import Hints, apply_hints, build_hint_prompt, parse_hint_reply
+from faithproxy.server.chain.hints import Hints, apply_hints, build_hint_prompt, parse_hint_reply
 
 HINTS = Hints("counting", "Count each object once, row by row.", "Look for small triangles near the edges.")
 

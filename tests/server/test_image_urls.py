@@ -1,4 +1,4 @@
-"""Client media URLs through the proxy (server/image_urls.py): in every mode, no http(s) URL a client
+"""Client media URLs through the proxy (server/admission/image_urls.py): in every mode, no http(s) URL a client
 chose reaches vLLM unchecked.
 
 No packet leaves the machine: image host names resolve through an injected resolver (to a private
@@ -227,7 +227,7 @@ async def test_a_failed_fetch_cancels_the_others_and_names_its_part(tmp_path: Pa
     assert proxy.chat_requests() == []
 
 
-# The other doors' image shapes (server/media_parts.py): settled by admission like chat's, in every mode.
+# The other doors' image shapes (server/admission/media_parts.py): settled by admission like chat's, in every mode.
 DOOR_IMAGES = {
     "/v1/responses": (
         lambda url: {"model": "m", "input": [{"role": "user", "content": [

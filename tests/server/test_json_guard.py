@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faithproxy.faithcore.errors import PolicyError
+from faithproxy.server.admission.json_guard import MAX_DEPTH, MAX_INT_DIGITS, check_depth, load_json
+from faithproxy.server.admission.limits import MAX_TOKEN_COUNT, check_body
 from faithproxy.server.app import create_app
-from faithproxy.server.json_guard import MAX_DEPTH, MAX_INT_DIGITS, check_depth, load_json
-from faithproxy.server.limits import MAX_TOKEN_COUNT, check_body
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, running_app
 

@@ -19,7 +19,7 @@ from faithproxy.benchmarks.standins.judge_server import JudgeServerState
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.metrics import JUDGE_TOKEN_KINDS
+from faithproxy.server.observe.metrics import JUDGE_TOKEN_KINDS
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, frames, metric, running_app, threaded_app
 

@@ -11,9 +11,9 @@ from faithproxy.clients.vllm import VLLMClient
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.types import StepKind
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.session import ChainSession, EmitText
+from faithproxy.server.admission.policy import RequestPolicy
+from faithproxy.server.chain.session import ChainSession, EmitText
+from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.settings import Settings
 from tests.server.test_session import Fixer, FlagBad, sse
 

@@ -1,4 +1,4 @@
-"""Policy per API key (server/key_policy.py): keys × headers against the real server (uvicorn on
+"""Policy per API key (server/admission/key_policy.py): keys × headers against the real server (uvicorn on
 127.0.0.1, vLLM a FakeUpstream), reload on SIGHUP without dropping a stream, a broken reload keeping the
 policies in force; and the loader and checks on their own.
 """
@@ -19,9 +19,9 @@ import pytest
 
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.faithcore.errors import PolicyForbidden
+from faithproxy.server.admission.key_policy import KeyPolicy, PolicyFileError, load_book, within
+from faithproxy.server.admission.policy import policy_from_headers
 from faithproxy.server.app import create_app
-from faithproxy.server.key_policy import KeyPolicy, PolicyFileError, load_book, within
-from faithproxy.server.policy import policy_from_headers
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, frames, metric, running_app
 
@@ -174,7 +174,7 @@ async def test_reload_and_broken_reload(tmp_path: Path, caplog: pytest.LogCaptur
         assert await ask(LATE_KEY) == 200
         assert await ask(OPS_KEY, **{"x-faithproxy-mode": "detect"}) == 403
 
-        caplog.set_level(logging.ERROR, logger="faithproxy.server.key_policy")
+        caplog.set_level(logging.ERROR, logger="faithproxy.server.admission.key_policy")
         await _reload(path, "default: {modes: [correct\nkeys: [")  # not YAML
         await _reload(path, "default: {modes: [sometimes]}\n")  # not a policy
         assert await ask(LATE_KEY) == 200  # the policies in force were kept

@@ -1,4 +1,4 @@
-"""Request limits (server/limits.py): sizes, images, max_tokens, concurrency; a real uvicorn proxy in
+"""Request limits (server/admission/limits.py): sizes, images, max_tokens, concurrency; a real uvicorn proxy in
 front of a MockTransport vLLM that records what reaches it."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faithproxy.faithcore.errors import PayloadTooLarge, PolicyError
+from faithproxy.server.admission.limits import CHAT_PATH as CHAT
+from faithproxy.server.admission.limits import check_body
+from faithproxy.server.admission.media_parts import data_url_size
 from faithproxy.server.app import create_app
-from faithproxy.server.limits import CHAT_PATH as CHAT
-from faithproxy.server.limits import check_body
-from faithproxy.server.media_parts import data_url_size
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, delta, frames, metric, running_app, sse
 

@@ -4,7 +4,7 @@ Odd inputs found by probing every door in every mode (headers, framing, encoding
 500 before its fix: here as a 4xx in the door's error format with nothing sent upstream. And the last
 line for the bugs not found yet: an exception that nothing answered is a 500 in the door's format
 (Anthropic's on /v1/messages), logged with the request id and counted in
-faithproxy_internal_errors_total (server/internal_errors.py).
+faithproxy_internal_errors_total (server/runtime/internal_errors.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from faithproxy.server.admission.connections import HTTP_PROTOCOL
 from faithproxy.server.app import create_app
-from faithproxy.server.connections import HTTP_PROTOCOL
-from faithproxy.server.internal_errors import InternalErrorMiddleware
+from faithproxy.server.runtime.internal_errors import InternalErrorMiddleware
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, metric, running_app
 

@@ -16,8 +16,7 @@ from faithproxy.faithcore.errors import (
     UpstreamErrorCode,
     UpstreamStatusError,
 )
-from faithproxy.server.errors import error_body, error_frame
-from faithproxy.server.metrics import (
+from faithproxy.server.observe.metrics import (
     CASCADE_STAGES,
     DETECTOR_ERRORS,
     JUDGE_TOKEN_KINDS,
@@ -26,6 +25,7 @@ from faithproxy.server.metrics import (
     detector_error_label,
     upstream_error_label,
 )
+from faithproxy.server.protocol.errors import error_body, error_frame
 
 
 def fresh(detectors: list[str]) -> CollectorRegistry:

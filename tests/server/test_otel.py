@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (server/otel.py) read back from the SDK's in-memory exporter: the real proxy
+"""OpenTelemetry traces (server/observe/otel.py) read back from the SDK's in-memory exporter: the real proxy
 (uvicorn on 127.0.0.1) in front of a fake vLLM (a chain with a planted unfaithful sentence) and the
 local judge server, both real on the wire. Also: off without OTEL_* variables; a collector that fails
 every export leaves requests untouched and counts the dropped spans.
@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from faithproxy.server import otel
+from faithproxy.server.observe import otel
 from faithproxy.testing import FakeUpstream, frames, metric
 from tests.support import planted_chain_proxy
 

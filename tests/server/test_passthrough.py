@@ -1,4 +1,4 @@
-"""Off mode end to end, with real servers on 127.0.0.1: the proxy (server/passthrough.py, pure ASGI)
+"""Off mode end to end, with real servers on 127.0.0.1: the proxy (server/doors/off.py, pure ASGI)
 in front of a raw ASGI upstream that records the bytes it receives and answers with scripted bytes.
 
 What the client gets is what the upstream sent, byte for byte, status and content type included,
@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from faithproxy.server import responses
 from faithproxy.server.app import create_app
+from faithproxy.server.doors import serving as responses
 from faithproxy.server.settings import Settings
 from faithproxy.testing import frames, metric, running_app, threaded_app
 

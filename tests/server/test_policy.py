@@ -3,7 +3,7 @@
 import pytest
 
 from faithproxy.faithcore.errors import PolicyError
-from faithproxy.server.policy import RequestPolicy, policy_from_headers
+from faithproxy.server.admission.policy import RequestPolicy, policy_from_headers
 from faithproxy.server.settings import Settings
 
 DETECTORS = ["judge", "prompt", "none"]

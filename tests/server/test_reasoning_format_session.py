@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import PolicyError
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.policy import RequestPolicy, policy_from_headers
-from faithproxy.server.session import ChainSession, EmitEnd, EmitText
+from faithproxy.server.admission.policy import RequestPolicy, policy_from_headers
+from faithproxy.server.chain.session import ChainSession, EmitEnd, EmitText
+from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.settings import Settings
 from tests.server.test_session import BAD, Fixer, FlagBad, sse
 

@@ -1,4 +1,4 @@
-"""The report pages (server/report_page.py, server/routers/report_pages.py, `faithproxy report --html`):
+"""The report pages (server/observe/report_page.py, server/doors/pages_router.py, `faithproxy report --html`):
 rendered from real verified requests (the proxy on 127.0.0.1 in front of a fake vLLM chain and the
 local judge) and read in a real browser, Debian's chromium headless through chromium-driver and
 selenium, with JavaScript off. Chain A has a planted step the judge flags and a rewrite fixes; chain B's
@@ -25,7 +25,7 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.report_page import (
+from faithproxy.server.observe.report_page import (
     ListedReports,
     list_row,
     render_report,
@@ -34,7 +34,7 @@ from faithproxy.server.report_page import (
     view_of_report,
     view_of_trace,
 )
-from faithproxy.server.reports import ReportStore
+from faithproxy.server.observe.reports import ReportStore
 from faithproxy.server.settings import Settings
 from faithproxy.testing import Chain, FakeUpstream, corrected_sentence, planted_sentence, threaded_app
 

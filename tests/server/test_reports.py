@@ -1,6 +1,6 @@
-"""Per-step reports by request id (server/reports.py, GET /v1/faithfulness/{request_id}): the store's
+"""Per-step reports by request id (server/observe/reports.py, GET /v1/faithfulness/{request_id}): the store's
 bounds, and the lookup through the running proxy (vLLM a MockTransport, the local judge server). The
-Redis store (server/reports_redis.py) against a real redis-server started here, stopped and restarted."""
+Redis store (server/observe/reports_redis.py) against a real redis-server started here, stopped and restarted."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from faithproxy.benchmarks.standins.judge_server import create_app as create_jud
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.reports import ReportStore, ReportsUnavailable, SharedReportStore
-from faithproxy.server.reports_redis import INDEX, RedisReportStore
+from faithproxy.server.observe.reports import ReportStore, ReportsUnavailable, SharedReportStore
+from faithproxy.server.observe.reports_redis import INDEX, RedisReportStore
 from faithproxy.server.settings import Settings
 from faithproxy.testing import SENTENCES, FakeUpstream, as_annotated, frames, running_app
 from tests.redis_server import RedisServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from faithproxy.clients.judges import JudgeConfig
-from faithproxy.server.schema import chat_parameters
+from faithproxy.server.doors.schema import chat_parameters
 from faithproxy.server.settings import Settings
 
 JUDGE = JudgeConfig(name="claude", backend="anthropic", model="m", api_key="k")

@@ -17,9 +17,9 @@ from faithproxy.detectors.base import Detector
 from faithproxy.faithcore.context import CheckResult, Regeneration, RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 from faithproxy.regenerators.base import Regenerator
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.session import ChainSession, EmitEnd, EmitText, EmitVerdicts
+from faithproxy.server.admission.policy import RequestPolicy
+from faithproxy.server.chain.session import ChainSession, EmitEnd, EmitText, EmitVerdicts
+from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.settings import Settings
 
 BAD = "The car is blue."

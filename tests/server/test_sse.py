@@ -4,8 +4,8 @@ import json
 
 from faithproxy.clients.sse import SSEDecoder
 from faithproxy.faithcore.errors import DetectorError
-from faithproxy.server.errors import error_frame
-from faithproxy.server.sse import DONE, ChunkFactory, frame
+from faithproxy.server.protocol.errors import error_frame
+from faithproxy.server.protocol.sse import DONE, ChunkFactory, frame
 
 
 def test_chunks_share_id_and_carry_role_once() -> None:

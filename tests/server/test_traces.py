@@ -8,10 +8,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode
-from faithproxy.server.admission import Admitted
-from faithproxy.server.metrics import Metrics
-from faithproxy.server.policy import RequestPolicy
-from faithproxy.server.traces import TRACE_SCHEMA_VERSION, RequestTrace, TraceWriter, finish_request
+from faithproxy.server.admission.admit import Admitted
+from faithproxy.server.admission.policy import RequestPolicy
+from faithproxy.server.observe.finish import finish_request
+from faithproxy.server.observe.metrics import Metrics
+from faithproxy.server.observe.traces import TRACE_SCHEMA_VERSION, RequestTrace, TraceWriter
 from faithproxy.testing import metric
 
 

@@ -1,4 +1,4 @@
-"""server/uvicorn_server.py: uvicorn's server without a housekeeping tick (a stop signal wakes it, the
+"""server/runtime/uvicorn_server.py: uvicorn's server without a housekeeping tick (a stop signal wakes it, the
 Date header is made when read, a request limit brings back a once-a-second tick); `faithproxy serve`
 runs on it (started, served, stopped by SIGTERM, a bind failure reported)."""
 
@@ -16,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from faithproxy.server import uvicorn_server
+from faithproxy.server.runtime import uvicorn_server
 from faithproxy.tinyvlm.processes import free_port, spawn
 
 

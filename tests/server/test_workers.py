@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from faithproxy.server.traces import TraceWriter
+from faithproxy.server.observe.traces import TraceWriter
 from faithproxy.testing import FakeUpstream, Sentences, metric, threaded_app
 from faithproxy.tinyvlm.processes import free_port, spawn
 

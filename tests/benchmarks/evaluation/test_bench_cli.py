@@ -18,7 +18,7 @@ from tests.benchmarks.evaluation.test_option_curve import CHAIN, fake_vllm_app
 
 
 def trace_step(index: int, text: str, kind: str, verdict: str | None, **extra: Any) -> dict[str, Any]:
-    """A step as server/summary.py trace_steps writes it."""
+    """A step as server/observe/summary.py trace_steps writes it."""
     step = {"index": index, "channel": "content", "kind": kind, "text": text, "original_text": None,
             "verdict": verdict, "detected": verdict, "score": None, "attempts": 0, "rejected": [],
             "residual": False, "residual_reason": None, "unchecked_reason": None,

@@ -82,7 +82,7 @@ def test_the_bench_names_the_trainers_judge_folder() -> None:
 
 
 def step(index: int, text: str, detected: str | None = "faithful", **extra: Any) -> dict[str, Any]:
-    """A step as server/summary.py trace_steps writes it."""
+    """A step as server/observe/summary.py trace_steps writes it."""
     out = {"index": index, "kind": "perception", "text": text, "original_text": None, "detected": detected,
            "verdict": detected, "attempts": 0, "residual": False, "unchecked_reason": None}  # fmt: skip
     return out | extra

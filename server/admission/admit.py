@@ -1,0 +1,145 @@
+"""Admission: the one path from a request's bytes and headers to a request the proxy will serve.
+
+Every door and every mode goes through `admit`: the chat router (server/doors/chat_router.py) and the
+off-mode fast path (server/doors/off.py, pure ASGI) alike, so a body, a limit or a header is refused
+the same way whichever of them meets it. What differs between doors is only how a body is read: each
+door passes its `BodyParser` (`parse_chat_body` for /v1/chat/completions).
+
+    raw bytes ── parse (per door) ── check_body ── policy_from_headers ── key policy ── settle_media_urls ─▶ Admitted
+                                                                                            (async: may fetch)
+
+Everything but the media-URL step is synchronous and cheap: off mode exists for CPU per token
+(benchmarks/performance/cpu_per_token.py), and its admission is most of its per-request work. A refusal
+is a FaithproxyError raised before anything is sent upstream; the door answers it and counts it with
+`count_refused`, the one place refused requests are counted. The key policy step
+(server/admission/key_policy.py, with FAITHPROXY_POLICY_FILE) refuses with a 403 what the API key's policy does not
+allow, so every door inherits it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from faithproxy.faithcore.errors import FaithproxyError, PolicyError
+from faithproxy.server.admission.image_urls import settle_media_urls
+from faithproxy.server.admission.json_guard import load_json
+from faithproxy.server.admission.limits import check_body
+from faithproxy.server.admission.policy import RequestPolicy, policy_from_headers
+
+if TYPE_CHECKING:  # this module stays light for the off-mode path: no FastAPI, no state module
+    from faithproxy.server.observe.metrics import Metrics
+    from faithproxy.server.state import AppState
+
+BodyParser = Callable[[bytes], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request admitted for serving: what every door hands to its serving object."""
+
+    body: dict[str, Any]
+    raw: bytes  # what goes upstream: the client's bytes, or the body re-encoded when admission changed it
+    policy: RequestPolicy
+    request_id: str
+    started: float  # time.perf_counter() when the request arrived: durations and TTFT count from here
+    started_wall: float  # time.time() at the same moment: the trace's time, the response's `created`
+    key_policy: str = "default"  # the name of the API key's policy (server/admission/key_policy.py), never the key
+    endpoint: str = "/v1/chat/completions"  # the door's path: the `endpoint` label of its metrics
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+# The ids admission made in this request's context: server/runtime/internal_errors.py sets a list here around
+# each request and names the id in the log and the answer when the request fails unexpectedly.
+REQUEST_ID: ContextVar[list[str] | None] = ContextVar("faithproxy_request_id", default=None)
+
+
+def new_request_id() -> str:
+    """24 hex digits: the X-Faithproxy-Request-Id of a response, its trace and its report."""
+    return os.urandom(12).hex()
+
+
+def _noted(request_id: str) -> str:
+    ids = REQUEST_ID.get()
+    if ids is not None:
+        ids.append(request_id)
+    return request_id
+
+
+def arrival() -> tuple[float, float]:
+    """(perf_counter, wall clock) now: taken by a door before it reads the body."""
+    return time.perf_counter(), time.time()
+
+
+async def admit(
+    raw: bytes,
+    headers: Mapping[str, str],
+    state: AppState,
+    parse: BodyParser,
+    *,
+    started: tuple[float, float],
+    endpoint: str,
+) -> Admitted:
+    """The request as it will be served, or a FaithproxyError (PolicyError and its kinds, 4xx) raised
+    before anything is sent upstream. `started` is `arrival()` taken when the request came in;
+    `endpoint` the door's path."""
+    body = parse(raw)
+    changed = check_body(body, state.settings)  # True: the max_tokens cap was added
+    policy = policy_from_headers(
+        headers,
+        state.settings,
+        detectors=state.detectors,
+        judges=state.judges,
+        hints_available=state.hint_llm is not None,
+    )
+    key_policy = "default"
+    if state.key_policies is not None:  # 403 for what the API key's policy does not allow
+        key_policy, policy = state.key_policies.enforce(headers, policy)
+    # Every mode: no client-chosen media URL reaches vLLM unchecked (ImageRefused: nothing sent yet).
+    changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
+    if changed:
+        raw = json.dumps(body).encode()  # forward the body as settled
+    return Admitted(body, raw, policy, _noted(new_request_id()), *started, key_policy=key_policy, endpoint=endpoint)
+
+
+def count_refused(metrics: Metrics, exc: FaithproxyError, endpoint: str) -> None:
+    """Counts a request to the door at `endpoint` answered with `exc` before it reached a mode (no mode,
+    no detector yet)."""
+    label = "rejected" if isinstance(exc, PolicyError) else "unknown"
+    metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx", endpoint).inc()
+
+
+# ---- the doors' body parsers ------------------------------------------------------------------
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    body = load_json(raw)  # bounded: no recursion or allocation without limit (server/admission/json_guard.py)
+    if not isinstance(body, dict):
+        raise PolicyError("Request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _model_and_stream(body: dict[str, Any]) -> dict[str, Any]:
+    """The checks every door's body shares after its own: `model` and `stream`."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise PolicyError("'model' must be a non-empty string", param="model")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise PolicyError("'stream' must be a boolean", param="stream")  # null means false, as for OpenAI
+    return body
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """A /v1/chat/completions body, else a PolicyError (400). Unknown fields pass through untouched."""
+    body = _json_object(raw)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
+    return _model_and_stream(body)

@@ -1,0 +1,7 @@
+"""One request's chain of thought: the async driver (session.py) that reads the upstream stream
+(reader.py), feeds faithcore's correction machine and carries out its actions (check a step, regenerate,
+continue), the judge's bill, the hint stage, and router affinity for continuation rounds.
+
+Owns: session.py, reader.py, judge_bill.py, hints.py, affinity.py. May import: settings, protocol,
+observe, state, admission, runtime.
+"""

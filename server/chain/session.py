@@ -1,0 +1,295 @@
+"""ChainSession: the async driver of the correction machine (faithcore/correction/).
+
+The machine decides everything: what reaches the client, which batch is checked, which step is
+regenerated, when a round starts, is dropped or ends, and each step's outcome. The session only does
+what it asks — runs upstream rounds (server/chain/reader.py, a task feeding the machine ahead of the checks),
+calls the detector and the regenerator with a frozen view of the request — hands the results back, and
+counts what the machine decided.
+
+correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect
+mode runs a checker task beside the rounds: text goes out as it arrives, verdicts follow as each batch is
+checked. A round whose stream broke is resumed when the machine says so (Resumed, then DropRound and
+StartRound like any continuation); the session counts it in faithproxy_upstream_resumes_total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from faithproxy.clients.vllm import CHAT_PATH, VLLMClient
+from faithproxy.detectors.base import Detector
+from faithproxy.detectors.features import read_step_features
+from faithproxy.faithcore.context import RequestView
+from faithproxy.faithcore.correction import (
+    WAIT,
+    ChainResult,
+    Check,
+    Checked,
+    CorrectionCore,
+    DropRound,
+    Emit,
+    EmitEnd,
+    EmitExtra,
+    EmitText,
+    EmitVerdicts,
+    Fail,
+    Regenerate,
+    Regenerated,
+    Resumed,
+    Rules,
+    StartRound,
+    Tried,
+)
+from faithproxy.faithcore.correction.wire import ChatChunkReader
+from faithproxy.faithcore.errors import DetectorError, RegenerationError
+from faithproxy.faithcore.reasoning_formats import ReasoningFormat, get_format
+from faithproxy.faithcore.types import Channel, Step
+from faithproxy.regenerators.base import Regenerator
+from faithproxy.server.admission.policy import RequestPolicy
+from faithproxy.server.chain.reader import RoundReader
+from faithproxy.server.observe.metrics import Metrics, detector_error_label
+from faithproxy.server.observe.step_metrics import count_step
+from faithproxy.server.settings import Settings
+
+# Waits before resume attempt 1, 2, 3, ... (the last one repeats): a router needs a moment to notice a dead
+# replica (vLLM's router, checking health every second: docs/replicas.md), and a resume round sent at
+# once would be hashed to it again and refused.
+RESUME_BACKOFF_S = (0.5, 1.0, 2.0)
+
+__all__ = ["CHAT_WIRE", "ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "RoundWire"]
+
+
+def chat_round_body(client_body: dict[str, Any], start: StartRound) -> dict[str, Any]:
+    """A chat round: the client's body streamed; a continuation adds the accepted text as the partial
+    assistant message that vLLM continues (`continue_final_message`)."""
+    body = {k: v for k, v in client_body.items() if k not in ("stream", "stream_options", "include_reasoning")}
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}  # usage of every round is added up
+    if start.continuation is None:
+        return body
+    partial = start.continuation.content
+    body["messages"] = [*client_body["messages"], {"role": "assistant", "content": partial}]
+    body["continue_final_message"] = True
+    body["add_generation_prompt"] = False
+    if start.max_tokens is not None:
+        body["max_completion_tokens" if "max_completion_tokens" in client_body else "max_tokens"] = start.max_tokens
+    return body
+
+
+@dataclass(frozen=True)
+class RoundWire:
+    """How a door's rounds talk to vLLM: the path, how a round's body is built from the client's body,
+    which wire reader (faithcore/correction/wire.py) reads its chunks, and how the reasoning format is
+    adapted (a raw prompt has no chat template to close a think block)."""
+
+    path: str = CHAT_PATH
+    round_body: Callable[[dict[str, Any], StartRound], dict[str, Any]] = chat_round_body
+    reader: Callable[[], ChatChunkReader] = ChatChunkReader
+    reasoning_format: Callable[[ReasoningFormat], ReasoningFormat] = lambda fmt: fmt
+
+
+CHAT_WIRE = RoundWire()
+
+
+@dataclass
+class ChainSession:
+    settings: Settings
+    policy: RequestPolicy
+    view: RequestView  # what detectors and regenerators may know; its accepted steps come from the machine
+    generator: VLLMClient
+    detector: Detector
+    regenerator: Regenerator
+    metrics: Metrics
+    body: dict[str, Any]  # the client's body, unknown fields included, forwarded to vLLM
+    model_label: str = "other"
+    hidden_states: Any = None  # a HiddenStatesClient when features are recorded for traces
+    wire: RoundWire = CHAT_WIRE  # the door's upstream: chat completions unless the door says otherwise
+    verification_s: float = 0.0  # time the client waited on checks and rewrites
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        # `include_reasoning: false` asks vLLM to leave the thinking out of the response. The proxy still
+        # reads (and checks, and corrects) it, since the answer is written from it: it is dropped on the
+        # way out instead.
+        self.hide_reasoning = self.body.get("include_reasoning") is False
+        if self.view.reasoning_format is None:
+            # the view carries it so that hidden-state captures render the chain with the model's markers
+            reasoning_format = self.wire.reasoning_format(self._reasoning_format())
+            self.view = dataclasses.replace(self.view, reasoning_format=reasoning_format)
+        self.reasoning_format = self.view.reasoning_format
+        self.core = CorrectionCore(self.rules(self.reasoning_format))
+
+    def _reasoning_format(self) -> ReasoningFormat:
+        """Where the model writes its thinking: the request's header, else the server's setting."""
+        settings = self.settings
+        name = self.policy.reasoning_format or settings.reasoning_format
+        return get_format(name, settings.think_open_tag, settings.think_close_tag)
+
+    def rules(self, reasoning_format: ReasoningFormat) -> Rules:
+        """The machine's rules for this request, from the policy, the settings and the detector."""
+        limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
+        return Rules(
+            mode="detect" if self.policy.mode == "detect" else "correct",
+            detector=self.policy.detector,
+            max_retries=self.policy.max_retries,
+            max_regenerations=self.settings.max_regenerations_per_request,
+            max_batch_steps=self.settings.max_batch_steps,
+            on_detector_error=self.policy.on_detector_error,
+            detector_checks=self.detector.checks,
+            detector_types_steps=self.detector.types_steps,
+            gate_without_perception=not self.settings.judge_every_step,
+            completion_budget=limit if isinstance(limit, int) else None,
+            reasoning_format=reasoning_format,
+            sequential=self.settings.sequential_checks,
+            resume_attempts=self.settings.upstream_resume_attempts,
+        )
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return self.core.steps
+
+    def result(self) -> ChainResult:
+        return self.core.result()
+
+    async def run(self) -> AsyncIterator[Emit]:
+        """Performs the machine's actions until it ends; a failure is raised after what was emitted."""
+        core, detect = self.core, self.policy.mode == "detect"
+        checks: asyncio.Queue[Check] = asyncio.Queue()  # detect mode: work for the checker
+        task: asyncio.Task[None] | None = None
+        # detect mode checks beside the rounds, for the whole request: a round may be resumed while a
+        # check is in flight
+        checker = asyncio.create_task(self._checker(checks)) if detect else None
+        try:
+            while True:
+                action = core.next_action()
+                if action is WAIT:  # the round's next step or end (in detect mode: or a check's result)
+                    await self._wakeup.wait()
+                    self._wakeup.clear()
+                elif isinstance(action, StartRound):
+                    body = self.wire.round_body(self.body, action)
+                    wire = self.wire
+                    reader = RoundReader(self.generator, body, core, core.round, self._wake, wire.path, wire.reader)
+                    task = asyncio.create_task(reader.run())
+                elif isinstance(action, DropRound):
+                    assert task is not None
+                    await _cancel(task)  # closes the upstream stream: vLLM aborts, the read-ahead goes
+                    task = None
+                elif isinstance(action, Check) and detect:
+                    checks.put_nowait(action)
+                elif isinstance(action, Check):
+                    core.receive(await self._verify(action))
+                elif isinstance(action, Regenerate):
+                    core.receive(await self._regenerate(action))
+                elif isinstance(action, Fail):
+                    raise action.error
+                elif isinstance(action, Tried | Resumed):
+                    await self._note(action)
+                elif self._deliver(action):
+                    yield action
+                    if isinstance(action, EmitEnd):
+                        return
+        finally:
+            helpers = [t for t in (task, checker) if t is not None]
+            # Every helper is cancelled before the first await: under a cancelled anyio scope (starlette's
+            # stream cancelled by the client leaving) each await here raises again at once, and a helper
+            # not yet cancelled would be left pending until the garbage collector destroys it.
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                await _cancel(helper)
+
+    async def _note(self, action: Tried | Resumed) -> None:
+        """Counts a regeneration try or an upstream break; a resume waits before its round starts."""
+        if isinstance(action, Tried):
+            self.metrics.regeneration_attempts.labels(action.outcome).inc()
+            return
+        self.metrics.upstream_resumes.labels(action.outcome).inc()
+        if action.outcome == "resumed":
+            await asyncio.sleep(RESUME_BACKOFF_S[min(action.attempt, len(RESUME_BACKOFF_S)) - 1])
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    def _deliver(self, action: Emit) -> bool:
+        """Counts the steps an emit settles; False when it is not sent (the client asked for no reasoning)."""
+        if isinstance(action, EmitText) and action.step is not None:
+            count_step(self.metrics, action.step, self.policy.detector, self.model_label)
+        elif isinstance(action, EmitVerdicts):
+            for step in action.steps:
+                count_step(self.metrics, step, self.policy.detector, self.model_label)
+        return not (self.hide_reasoning and isinstance(action, EmitText) and action.channel is Channel.REASONING)
+
+    # ---- the I/O the machine asks for ---------------------------------------------------------
+
+    async def _checker(self, checks: asyncio.Queue[Check]) -> None:
+        while True:
+            check = await checks.get()
+            try:
+                result = await self._verify(check)
+            except Exception as exc:  # a bug in a detector: the machine fails the request with it
+                result = Checked(error=exc)
+            self.core.receive(result)
+            self._wake()
+
+    async def _verify(self, check: Check) -> Checked:
+        """The detector's verdicts; the trace's hidden-state features are read beside them when the
+        server records features and the detector does not read its own (new steps only, not rewrites)."""
+        view = self.view.with_accepted(check.accepted)
+        if check.candidate:
+            view = dataclasses.replace(view, rewrite=True)
+        if self.hidden_states is None or self.detector.reads_hidden_states or check.candidate:
+            return await self._check(view, check)
+        checked, features = await asyncio.gather(
+            self._check(view, check), read_step_features(self.hidden_states, view, check.steps)
+        )
+        return Checked(checked.verdicts, checked.error, checked.usage, features)
+
+    async def _check(self, view: RequestView, check: Check) -> Checked:
+        """One detector call; a DetectorError is its result (counted here, judged by the machine)."""
+        name = self.policy.detector
+        started = time.perf_counter()
+        try:
+            result = await self.detector.check(view, check.steps)
+            if len(result.verdicts) != len(check.steps):
+                raise DetectorError(
+                    f"detector {name} returned {len(result.verdicts)} verdicts for {len(check.steps)} steps"
+                )
+            return Checked(list(result.verdicts), usage=result.usage, features=result.features)
+        except DetectorError as exc:
+            self.metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
+            return Checked(error=exc)
+        finally:
+            elapsed = time.perf_counter() - started
+            self.verification_s += elapsed
+            self.metrics.detector_latency.labels(name).observe(elapsed)
+            self.metrics.detector_batch.labels(name).observe(len(check.steps))
+
+    async def _regenerate(self, action: Regenerate) -> Regenerated:
+        started = time.perf_counter()
+        view = self.view.with_accepted(action.accepted)
+        try:
+            rewrite = await self.regenerator.regenerate(view, action.prefix, action.step, action.attempt)
+            return Regenerated(rewrite.candidate, usage=rewrite.usage, insisted=rewrite.insisted)
+        except RegenerationError as exc:
+            return Regenerated(error=exc)
+        finally:
+            self.verification_s += time.perf_counter() - started
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancels `task` and waits for it to finish its cleanup (closing the upstream response).
+
+    asyncio.wait, not `await task`: when the session is itself being cancelled (the client went away),
+    awaiting the task would cancel it a second time in the middle of its cleanup and leave the upstream
+    connection open, so vLLM would never see the abort. The cancellation of the session still propagates.
+    """
+    if not task.done():
+        task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failed task's error was already handed over as an event

@@ -1,0 +1,90 @@
+"""FaithproxyError → error bodies in the door's format, HTTP responses, and final SSE error frames.
+
+Every door answers in its API's error format, whoever refuses the request: the door itself, admission,
+FastAPI's validation, or the pure-ASGI middleware in front (size 413/431, API key 401, concurrency 429,
+client timeouts 408). OpenAI's `{"error": {message, type, param, code}}` everywhere but /v1/messages,
+which gets Anthropic's `{"type": "error", "error": {type, message}}` (the anthropic SDK raises its typed
+errors from that `type`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from faithproxy.faithcore.errors import FaithproxyError, UpstreamStatusError
+
+# The doors (server/doors/): a refusal by the middleware in front of them counts as a rejected request.
+DOOR_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+ANTHROPIC_PATH = "/v1/messages"
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_body(exc: FaithproxyError) -> dict[str, Any]:
+    if isinstance(exc, UpstreamStatusError) and isinstance(exc.body, dict) and "error" in exc.body:
+        # vLLM's own OpenAI-format error is already what the client expects: pass it on.
+        return exc.body
+    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": exc.code}}
+
+
+def door_error_body(path: str, exc: FaithproxyError) -> dict[str, Any]:
+    """The error body in the format of the door at `path`."""
+    return anthropic_error(exc.status_code, exc.message) if path == ANTHROPIC_PATH else error_body(exc)
+
+
+def error_response(exc: FaithproxyError, headers: dict[str, str] | None = None, *, path: str = "") -> JSONResponse:
+    return JSONResponse(door_error_body(path, exc), status_code=exc.status_code, headers=headers)
+
+
+async def send_error(
+    scope: Scope, receive: Receive, send: Send, exc: FaithproxyError, headers: dict[str, str] | None = None
+) -> None:
+    """Answers from pure ASGI middleware (auth, limits) in the door's format and counts the request as
+    rejected."""
+    app = scope.get("app")
+    state = getattr(getattr(app, "state", None), "faithproxy", None)
+    path = scope.get("path", "")
+    if state is not None and path in DOOR_PATHS:
+        state.metrics.requests.labels("rejected", "-", f"{exc.status_code // 100}xx", path).inc()
+    await error_response(exc, headers=headers, path=path)(scope, receive, send)
+
+
+def error_frame(exc: FaithproxyError) -> bytes:
+    """The last frame of a stream that failed after its first byte (followed by `data: [DONE]`)."""
+    return b"data: " + json.dumps(error_body(exc)).encode() + b"\n\n"
+
+
+async def faithproxy_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FaithproxyError)
+    return error_response(exc, path=request.url.path)
+
+
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = f"Invalid request body: {first.get('msg', 'validation error')}" + (f" at '{loc}'" if loc else "")
+    if request.url.path == ANTHROPIC_PATH:
+        return JSONResponse(anthropic_error(400, message), status_code=400)
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": loc or None, "code": None}}
+    return JSONResponse(body, status_code=400)
