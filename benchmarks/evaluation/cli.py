@@ -72,7 +72,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "shapesworld": (
         "faithproxy.benchmarks.evaluation.shapesworld_bench",
-        "ShapesWorld held-out scenes: vanilla vs faithproxy per detector",
+        "ShapesWorld scenes (development seeds 997, 999): vanilla vs faithproxy per detector",
+    ),
+    "heldout": (
+        "faithproxy.benchmarks.evaluation.heldout",
+        "held-out ShapesWorld runs: freeze every option in a committed file, then evaluate the seed once",
     ),
     "validate": (
         "faithproxy.benchmarks.evaluation.release_commands:Validate",
