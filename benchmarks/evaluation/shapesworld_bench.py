@@ -329,6 +329,9 @@ def git_commit() -> str | None:
     return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
+# Three vLLMs start one after another; on a loaded 2-core machine one took over 3 minutes, and a start
+# that gives up costs the whole run.
+VLLM_START_S = 900.0
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM offers /reset_prefix_cache (emptied between rows)
 
 
@@ -338,7 +341,7 @@ def start_judge(judge_model: Path, log_path: Path) -> Any:
     from faithproxy.tinyvlm.serve import start_vllm
 
     return start_vllm(judge_model, extra_args=["--enable-prompt-tokens-details"], served_model_name=JUDGE_SERVED_NAME,
-                      log_path=log_path, env=DEV_MODE)  # fmt: skip
+                      log_path=log_path, env=DEV_MODE, health_timeout=VLLM_START_S)  # fmt: skip
 
 
 @supervised()  # a signal or a failure stops every server started inside
@@ -379,13 +382,22 @@ def benchmark(
     with ExitStack() as servers:
         log = workdir / "vllm.log"
         generator = servers.enter_context(
-            start_vllm(model_dir, served_model_name=SERVED_NAME, log_path=log, env=DEV_MODE)
+            start_vllm(
+                model_dir, served_model_name=SERVED_NAME, log_path=log, env=DEV_MODE, health_timeout=VLLM_START_S
+            )
         )
         capturing = judge = None
         if capture:  # captures only: see shapesworld_router for why chains never go there
             log = workdir / "vllm-capture.log"
             capturing = servers.enter_context(
-                start_vllm(model_dir, extra_args=capture, served_model_name=SERVED_NAME, log_path=log, env=DEV_MODE)
+                start_vllm(
+                    model_dir,
+                    extra_args=capture,
+                    served_model_name=SERVED_NAME,
+                    log_path=log,
+                    env=DEV_MODE,
+                    health_timeout=VLLM_START_S,
+                )  # fmt: skip
             )
         if learned:
             assert judge_model is not None
