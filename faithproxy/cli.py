@@ -1,8 +1,9 @@
 """The `faithproxy` command: the one place that knows every layer's subcommands.
 
 The serving commands come from the server (`serve`, `segment`, `detectors`), the offline tools from
-benchmarks/ (`bench`, `probe`), and `demo` from demo.py beside this file. Each is imported only when it
-is run, so `faithproxy serve` never loads the benchmarks, and the server never imports anything above it.
+benchmarks/ (`bench`, `probe`) and flywheel/ (`export`, `train`), and `demo` from demo.py beside this
+file. Each is imported only when it is run, so `faithproxy serve` never loads the benchmarks, and the
+server never imports anything above it.
 
 `pip install faithproxy` brings the server's libraries only; the tools' come with extras (pyproject.toml).
 A command that reaches for a library of a missing extra says which one to install, and exits 2.
@@ -22,6 +23,11 @@ DELEGATED = {
         "labelled chains, metrics, replay, benchmark runs (faithproxy bench -h)",
     ),
     "probe": ("faithproxy.benchmarks.probes.probe_cli", "train and evaluate hidden-state probes (faithproxy probe -h)"),
+    "export": (
+        "faithproxy.flywheel.export_cli",
+        "corrected steps as preference pairs for TRL (faithproxy export pairs -h)",
+    ),
+    "train": ("faithproxy.flywheel.train_cli", "tune a model on exported pairs (faithproxy train dpo -h)"),
 }
 
 
@@ -29,10 +35,10 @@ DELEGATED = {
 EXTRAS = {
     "probe": ("numpy", "safetensors"),
     "bench": ("numpy", "PIL", "matplotlib", "tqdm", "pyarrow", "tokenizers", "safetensors"),
-    "train": ("torch", "transformers", "tokenizers", "PIL", "safetensors", "numpy"),
+    "train": ("torch", "transformers", "tokenizers", "PIL", "safetensors", "numpy", "trl", "datasets"),
 }
 # The extra each command is written against: a module several extras provide (numpy) is named by it.
-COMMAND_EXTRA = {"serve": "probe", "bench": "bench", "probe": "bench", "demo": "train"}
+COMMAND_EXTRA = {"serve": "probe", "bench": "bench", "probe": "bench", "demo": "train", "train": "train"}
 MISSING_EXTRA = 2  # the exit status of a command whose extra is not installed
 
 

@@ -33,7 +33,7 @@ PROVIDES = {
     "opentelemetry-sdk": {"opentelemetry"},
     "opentelemetry-exporter-otlp": {"opentelemetry"},
 }
-TOOLS = ("benchmarks", "shapesworld", "tinyvlm", "testing")
+TOOLS = ("benchmarks", "shapesworld", "tinyvlm", "testing", "flywheel")
 
 
 def _modules(requirements: list[str]) -> set[str]:
@@ -105,6 +105,7 @@ FOLDER_EXTRAS = {
     "benchmarks": ("bench", "train"),  # the ShapesWorld bench drives the trained models
     "shapesworld": ("train",),
     "tinyvlm": ("train",),
+    "flywheel": ("train", "bench"),  # the ShapesWorld loop drives the ShapesWorld bench
 }
 
 

@@ -8,6 +8,7 @@ layer allows.
     server                                   faithcore, clients, generic detectors and regenerators, server
     testing (faithproxy.testing)             the product layers above, testing
     tinyvlm → shapesworld → benchmarks       the product, testing, and the tools below them
+    flywheel                                 as benchmarks, and benchmarks itself (pairs, tuning, the loop)
     faithproxy (cli.py, demo.py)             the top: assembles the command, may use anything
 
 "Generic" is the plug-in rule: `detectors.<name>` is a specific detector, which regenerators/ and server/
@@ -37,7 +38,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # The folders installed under faithproxy (pyproject.toml's package-dir); faithproxy/ holds the command and
 # faithproxy.testing.
-FOLDERS = ("faithcore", "clients", "detectors", "regenerators", "server", "tinyvlm", "shapesworld", "benchmarks")
+FOLDERS = (
+    "faithcore", "clients", "detectors", "regenerators", "server", "tinyvlm", "shapesworld", "benchmarks", "flywheel",
+)  # fmt: skip
 PLUGIN_LAYERS = {"detectors": "detectors/registry.py", "regenerators": "regenerators/registry.py"}
 
 ALL, GENERIC = "all", "generic"  # how much of a layer another layer may reference
@@ -53,6 +56,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     "tinyvlm": PRODUCT | {"testing": ALL, "tinyvlm": ALL},
     "shapesworld": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL},
     "benchmarks": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL, "benchmarks": ALL},
+    # the flywheel reads what the proxy recorded and drives the ShapesWorld bench to measure a tuned model
+    "flywheel": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL, "benchmarks": ALL, "flywheel": ALL},
 }
 ALLOWED["command"] = {layer: ALL for layer in [*ALLOWED, "command"]}
 # The standard library's and the world's I/O, which the pure domain never touches (numpy, nltk are fine).
