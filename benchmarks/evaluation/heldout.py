@@ -3,7 +3,8 @@
     faithproxy bench heldout freeze --seed 27191 --n 300 --detectors judge:pixels,... \
         --out benchmarks/results/heldout/shapesworld-27191.options.json
     git add benchmarks/results/heldout/shapesworld-27191.options.json && git commit ...
-    faithproxy bench heldout run benchmarks/results/heldout/shapesworld-27191.options.json
+    bash benchmarks/clean_worktree.sh faithproxy bench heldout run \
+        benchmarks/results/heldout/shapesworld-27191.options.json
 
 Seeds 997 and 999 are development seeds: checkpoints, thresholds, `REGENERATION_SAMPLES` and the other
 options were chosen on their runs, so their figures flatter the choices. A held-out seed is one no
