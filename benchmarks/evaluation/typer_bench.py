@@ -20,8 +20,10 @@ the held-out misses would be tuning on them).
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from faithproxy.benchmarks.evaluation.labelled import PERCEPTION, LabelledChain
 from faithproxy.benchmarks.evaluation.typer_data import SPLITS, load_fixture, load_hand, load_shapesworld
@@ -77,6 +79,12 @@ def score(chains: Sequence[LabelledChain], typer: Typer, misses: list[str] | Non
     return figures
 
 
+def figures_record(f: Figures) -> dict[str, Any]:
+    """The printed columns, unrounded: steps, perception steps, recall, precision, share sent, calls@4."""
+    return {"steps": f.steps, "perception": f.perception, "recall": f.recall, "precision": f.precision,
+            "sent": f.sent, "calls_per_batch": f.calls}  # fmt: skip
+
+
 def sources(split: str) -> dict[str, list[LabelledChain]]:
     out = {"hand": load_hand(split), "shapesworld": load_shapesworld(split)}
     if split == "heldout":
@@ -88,8 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=SPLITS, default="heldout")
     parser.add_argument("--misses", action="store_true", help="list the perception steps the typer missed")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON (source → typer → figures)")
     args = parser.parse_args(argv)
 
+    if args.json:
+        table = {
+            source: {name: figures_record(score(chains, typer)) for name, typer in TYPERS.items()}
+            for source, chains in sources(args.split).items()
+        }
+        print(json.dumps({"split": args.split, "figures": table}, indent=2))
+        return 0
     print(f"split: {args.split}")
     print(f"{'source':<12} {'typer':<8} {'steps':>5} {'perc.':>5} {'recall':>6} {'prec.':>6} {'sent':>5} calls@4")
     missed: list[str] = []
