@@ -39,6 +39,7 @@ COPY clients clients
 COPY benchmarks benchmarks
 COPY tinyvlm tinyvlm
 COPY shapesworld shapesworld
+COPY flywheel flywheel
 # ".[]" is not a valid requirement: no extras means the plain "." (the server's dependencies only).
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS:+[$EXTRAS]}" \

@@ -90,6 +90,23 @@ def variable_queries(dashboard: dict[str, Any] | None = None) -> dict[str, tuple
     return found
 
 
+def quantity(expr: str) -> str | None:
+    """Which known ratio an expression computes: detected, residual, unchecked, unsure; None: not a
+    known one."""
+    numerator, slash, denominator = expr.partition(" / ")
+    if not slash or "perception" not in denominator:
+        return None
+    if 'verdict="unsure"' in numerator or "unsure_perception" in numerator:
+        return "unsure"
+    if "residual" in numerator:
+        return "residual"
+    if "unchecked" in numerator:
+        return "unchecked"
+    if 'verdict="unfaithful"' in numerator or "unfaithful_perception" in numerator or "upr_detected" in numerator:
+        return "detected"
+    return None
+
+
 def rule_queries() -> list[RuleQuery]:
     rules = []
     for path in RULE_FILES:

@@ -37,6 +37,7 @@ from faithproxy.server.app import create_app
 from faithproxy.testing import running_app
 from faithproxy.tinyvlm import fixture_spec as spec
 from tests.deploy import assets
+from tests.deploy.assets import quantity
 from tests.deploy.prometheus_server import PrometheusError, PrometheusServer, render_config, start_prometheus
 from tests.support import local_judge_settings
 
@@ -129,23 +130,6 @@ DETECTOR_ERROR_THRESHOLD = 0.05
 
 
 # ---- the truth ---------------------------------------------------------------------------------
-
-
-def quantity(expr: str) -> str | None:
-    """Which known ratio an expression computes: detected, residual, unchecked, unsure; None: not a
-    known one."""
-    numerator, slash, denominator = expr.partition(" / ")
-    if not slash or "perception" not in denominator:
-        return None
-    if 'verdict="unsure"' in numerator or "unsure_perception" in numerator:
-        return "unsure"
-    if "residual" in numerator:
-        return "residual"
-    if "unchecked" in numerator:
-        return "unchecked"
-    if 'verdict="unfaithful"' in numerator or "unfaithful_perception" in numerator or "upr_detected" in numerator:
-        return "detected"
-    return None
 
 
 def expected_ratio(kind: str, labels: dict[str, str], model: str, expr: str) -> float:
