@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -141,7 +142,7 @@ def run_demo(
     from openai import OpenAI
 
     from faithproxy.tinyvlm import fixture_spec as spec
-    from faithproxy.tinyvlm.processes import Child, free_port, spawn, stop_all
+    from faithproxy.tinyvlm.processes import Child, ChildStartError, free_port, spawn, stop_all
     from faithproxy.tinyvlm.serve import start_vllm
 
     work = Path(workdir).resolve()
@@ -245,10 +246,30 @@ def run_demo(
             while True:
                 time.sleep(3600)
         return 0
+    except ChildStartError as exc:
+        print(start_failure(str(exc)), file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         return 130
     finally:
         stop_all(started)
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)\b:?")
+
+
+def start_failure(message: str, causes: int = 3) -> str:
+    """What the demo prints when a server it starts does not come up: which one, the exception lines
+    of its log (vLLM states the root cause above its final "Engine core initialization failed"), and
+    where the whole log is. `message` is a ChildStartError's: "NAME WHAT; log PATH:\nTAIL"."""
+    headline, _, tail = message.partition("\n")
+    found: list[str] = []
+    for line in tail.splitlines():
+        text = re.sub(r"^.*?\] ", "", line.strip())  # vLLM's "(EngineCore pid=1) ERROR ... file.py:12] " prefix
+        if _EXCEPTION_LINE.match(text) and text not in found:
+            found.append(text)
+    cause = "\n".join(f"  {line}" for line in found[-causes:]) or "  (no exception in the log's tail)"
+    return f"[demo] failed to start: {headline.rstrip(':')}\n[demo] cause:\n{cause}"
 
 
 def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
