@@ -1,0 +1,225 @@
+"""Every published figure can be checked: README.md and docs/*.md name, for each measured number, the
+committed result file it comes from, and this test reads it there.
+
+A figure is a link whose target is a result file under benchmarks/results/ with a JSON pointer
+(RFC 6901) as its fragment, optionally followed by `*FACTOR`:
+
+    [**0.018**](benchmarks/results/shapesworld.json#/detectors/judge:pixels/corrected/upr)
+    [−64%](benchmarks/results/shapesworld-all.json#/goals/learned_judge/upr_reduction*-100)
+    [met](benchmarks/results/shapesworld-all.json#/goals/learned_judge/met)
+
+Rounding: the number shown (the first in the link's text; `−` is a minus, thousands commas are dropped)
+must lie within half a unit of its last shown digit of the file's value times FACTOR: 0.018 stands for
+any value in [0.0175, 0.0185]. A verdict (`met`, `not met`) must be the file's boolean. Every verdict
+word on those pages is such a link, so no "goal met" is written by hand. A result file a figure names
+records the command, the commit, the date and the machine it ran on (at its top level, or in its
+`provenance` block when those were reconstructed after the run). A generated table (between
+`<!-- figures-table: PATH -->` and `<!-- figures-table: end -->`) is the one
+`faithproxy bench shapesworld --readme-table PATH` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faithproxy.benchmarks.evaluation.shapesworld_report import readme_table
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+# docs/ARCHITECTURE.md and docs/flywheel.md belong to other work; their figures are checked the same way
+# as soon as they link them.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+_FIGURE = re.compile(r"\[([^\]]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]*)\)")
+_NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
+_VERDICT_WORD = re.compile(r"\b(?:not met|met|missed)\b")
+_TABLE = re.compile(r"<!-- figures-table: (\S+) -->\n(.*?)<!-- figures-table: end -->", re.DOTALL)
+PROVENANCE = ("command", "commit", "date", "machine")
+
+
+@dataclass(frozen=True)
+class Figure:
+    page: Path
+    line: int
+    shown: str
+    path: Path
+    pointer: str
+    factor: float
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}: [{self.shown}] → {self.path.name}#{self.pointer}"
+
+
+def _prose(text: str) -> str:
+    """The text with fenced blocks blanked (line numbers kept): commands there are not figures."""
+    return _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
+def figures(page: Path, text: str | None = None) -> list[Figure]:
+    prose = _prose(page.read_text(encoding="utf-8") if text is None else text)
+    out = []
+    for match in _FIGURE.finditer(prose):
+        shown, target, fragment = match.groups()
+        pointer, _, factor = fragment.partition("*")
+        out.append(
+            Figure(
+                page,
+                prose.count("\n", 0, match.start()) + 1,
+                shown,
+                (page.parent / target).resolve(),
+                pointer,
+                float(factor) if factor else 1.0,
+            )  # fmt: skip
+        )
+    return out
+
+
+def resolve(document: Any, pointer: str) -> Any:
+    """The value at a JSON pointer; KeyError naming the missing step."""
+    if not pointer.startswith("/"):
+        raise KeyError(f"a pointer starts with '/': {pointer!r}")
+    value = document
+    for raw in pointer[1:].split("/"):
+        step = raw.replace("~1", "/").replace("~0", "~")
+        value = value[int(step)] if isinstance(value, list) else value[step]
+    return value
+
+
+def mismatch(figure: Figure, value: Any) -> str | None:
+    """Why the figure does not show the value (None when it does), by the rounding rule above."""
+    text = figure.shown.replace("*", "").replace("`", "").strip()
+    if isinstance(value, bool):
+        return None if text == ("met" if value else "not met") else f"shows {text!r}, the file says {value}"
+    number = _NUMBER.search(text)
+    if number is None or not isinstance(value, int | float):
+        return f"shows {text!r} for {value!r}: a number for a number, met / not met for a boolean"
+    digits = number.group(0).replace(",", "").replace("−", "-")
+    shown = float(digits)
+    decimals = len(digits.partition(".")[2])
+    expected = value * figure.factor
+    if abs(shown - expected) <= 0.5 * 10**-decimals + 1e-9:
+        return None
+    return f"shows {digits}, the file's value is {expected!r} (rounded to {decimals} decimals: {expected:.{decimals}f})"
+
+
+def check(figure: Figure) -> str | None:
+    if not figure.path.is_relative_to(RESULTS) or not figure.path.is_file():
+        return "no such result file under benchmarks/results/"
+    try:
+        value = resolve(json.loads(figure.path.read_text(encoding="utf-8")), figure.pointer)
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        return f"the file has no {figure.pointer}: {exc}"
+    return mismatch(figure, value)
+
+
+def provenance_missing(result: dict[str, Any]) -> list[str]:
+    kept = {**result.get("provenance", {}), **{k: result[k] for k in PROVENANCE if result.get(k)}}
+    if result.get("faithproxy_commit"):
+        kept.setdefault("commit", result["faithproxy_commit"])
+    return [k for k in PROVENANCE if not kept.get(k)]
+
+
+def verdicts_by_hand(page: Path, text: str | None = None) -> list[str]:
+    """Verdict words that are not the text of a figure link."""
+    prose = _prose(page.read_text(encoding="utf-8") if text is None else text)
+    linked = [m.span(1) for m in _FIGURE.finditer(prose)]
+    return [
+        f"{page.relative_to(REPO)}:{prose.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+        for m in _VERDICT_WORD.finditer(prose)
+        if not any(a <= m.start() and m.end() <= b for a, b in linked)
+    ]
+
+
+ALL = [f for page in PAGES for f in figures(page)]
+
+
+def test_the_pages_name_their_figures_sources() -> None:
+    assert len(ALL) >= 20, "the figure links went missing from README.md and docs/"
+    assert (REPO / "README.md") in {f.page for f in ALL}
+
+
+@pytest.mark.parametrize("figure", ALL, ids=str)
+def test_each_figure_is_its_result_files_value(figure: Figure) -> None:
+    problem = check(figure)
+    assert problem is None, f"{figure}: {problem}"
+
+
+def test_each_result_file_a_figure_names_is_committed_with_its_provenance() -> None:
+    paths = sorted({f.path for f in ALL if f.path.is_file()})
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", *[str(p.relative_to(REPO)) for p in paths]],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    untracked = [str(p.relative_to(REPO)) for p in paths if str(p.relative_to(REPO)) not in tracked]
+    assert not untracked, f"figures name result files that are not committed: {untracked}"
+    missing = {
+        str(p.relative_to(REPO)): gaps
+        for p in paths
+        if (gaps := provenance_missing(json.loads(p.read_text(encoding="utf-8"))))
+    }
+    assert not missing, f"result files without {PROVENANCE}: {missing}"
+
+
+def test_no_verdict_is_written_by_hand() -> None:
+    by_hand = [line for page in PAGES for line in verdicts_by_hand(page)]
+    assert not by_hand, "write each verdict as a link to the result's goals block:\n" + "\n".join(by_hand)
+
+
+def test_each_generated_table_is_its_result_files() -> None:
+    tables = [(page, m) for page in PAGES for m in _TABLE.finditer(page.read_text(encoding="utf-8"))]
+    assert tables, "the README's ShapesWorld tables went missing"
+    for page, match in tables:
+        source = (page.parent / match.group(1)).resolve()
+        expected = readme_table(json.loads(source.read_text(encoding="utf-8")))
+        assert match.group(2) == expected, (
+            f"{page.relative_to(REPO)}: the table from {match.group(1)} differs from the file; paste "
+            f"`faithproxy bench shapesworld --readme-table {source.relative_to(REPO)}`"
+        )
+
+
+# ------------------------------------------------------------------------------- the rule itself
+
+
+def _figure(shown: str, factor: float = 1.0) -> Figure:
+    return Figure(REPO / "README.md", 1, shown, RESULTS / "x.json", "/v", factor)
+
+
+@pytest.mark.parametrize(
+    ("shown", "value", "factor", "ok"),
+    [
+        ("**0.018**", 0.0178, 1.0, True),
+        ("0.018", 0.0186, 1.0, False),  # half a unit of the last digit is 0.0005
+        ("−64%", 0.6365, -100.0, True),
+        ("−64%", 0.6365, 100.0, False),
+        ("1,198", 1198, 1.0, True),
+        ("1,198", 1199, 1.0, False),
+        ("12", 11.96, 1.0, True),
+        ("met", True, 1.0, True),
+        ("not met", True, 1.0, False),
+        ("not met", False, 1.0, True),
+    ],
+)
+def test_the_rounding_rule(shown: str, value: Any, factor: float, ok: bool) -> None:
+    assert (mismatch(_figure(shown, factor), value) is None) is ok
+
+
+def test_an_edited_number_fails_and_a_hand_written_verdict_is_found(tmp_path: Path) -> None:
+    result = RESULTS / "shapesworld-all.json"
+    upr = json.loads(result.read_text(encoding="utf-8"))["vanilla"]["upr"]
+    right = f"[{upr:.3f}](benchmarks/results/shapesworld-all.json#/vanilla/upr)"
+    wrong = f"[{upr + 0.01:.3f}](benchmarks/results/shapesworld-all.json#/vanilla/upr)"
+    page = REPO / "README.md"
+    (good,) = figures(page, f"UPR {right}, goal: met\n")
+    (bad,) = figures(page, f"UPR {wrong}\n")
+    assert check(good) is None and "the file's value is" in (check(bad) or "")
+    assert math.isclose(resolve({"a": [{"b/c": 2}]}, "/a/0/b~1c"), 2)
+    assert len(verdicts_by_hand(page, f"UPR {right}, goal: met\n")) == 1
