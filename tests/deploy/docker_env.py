@@ -1,18 +1,18 @@
 """Whether Docker can run here, and the images the container tests need, built by the repo's script.
 
 A test that needs Docker is skipped on a developer's machine without it, and FAILS when the CI variable
-is set: .ci/run installs docker.io and starts dockerd (scripts/dockerd.sh), so CI must not pass by
+is set (tests/components.py): .ci/run installs docker.io and starts dockerd (scripts/dockerd.sh), so CI must not pass by
 skipping the proof.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 
 import pytest
 
+from tests.components import in_ci
 from tests.deploy import assets
 
 
@@ -30,7 +30,7 @@ def require_docker() -> None:
     if problem is None:
         return
     message = f"{problem} (run `scripts/dockerd.sh start`: Debian's docker.io and docker-compose, dockerd)"
-    if os.environ.get("CI"):
+    if in_ci():
         pytest.fail(f"{message}; CI must start Docker rather than skip the container tests")
     pytest.skip(message)
 

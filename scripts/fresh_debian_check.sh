@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the README's two commands on a plain Debian: inside a container of the base scripts/docker_base.sh
+# gives (python3, venv, pip and CA certificates, nothing else), as root, with a copy of this checkout's
+# files (tracked and untracked-not-ignored: no .venv, no var/). Whatever this machine happens to have
+# installed (libnuma1, git, curl, compilers) is not there, so a missing install step fails here.
+#   scripts/fresh_debian_check.sh                 bash scripts/demo.sh, then bash scripts/test.sh
+#   scripts/fresh_debian_check.sh -- PYTEST_ARGS  the same, pytest limited to PYTEST_ARGS (every install
+#                                                 step, the fixture model and the lint still run)
+# Needs Docker (scripts/dockerd.sh start). The container runs on the host's network (PyPI, Debian's
+# archive) with vLLM's shared memory; its output goes to stdout and var/fresh-debian/run.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "${1:-}" = "--" ] && shift
+BASE=$(bash scripts/docker_base.sh)
+mkdir -p var/fresh-debian
+name="faithproxy-fresh-debian-$$"
+tests=$(printf ' %q' "$@")
+echo "base $BASE; container $name; pytest arguments:${tests:- (all)}"
+trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
+git ls-files -z --cached --others --exclude-standard | tar --null -T - -c \
+  | docker run -i --name "$name" --network host --shm-size 1g "$BASE" bash -c "
+      set -euo pipefail
+      mkdir /repo && tar -x -C /repo && cd /repo
+      echo '== bash scripts/demo.sh'
+      bash scripts/demo.sh
+      echo '== bash scripts/test.sh$tests'
+      bash scripts/test.sh$tests
+    " 2>&1 | tee var/fresh-debian/run.log
