@@ -26,23 +26,18 @@ from faithproxy.server.admission.connections import connection_rules
 from faithproxy.server.admission.key_policy import KeyPolicies
 from faithproxy.server.admission.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
 from faithproxy.server.chain.affinity import RoutingKeyMiddleware
-from faithproxy.server.doors import (
-    chat_router,
-    completions_router,
-    messages_router,
-    ops_router,
-    pages_router,
-    reports_router,
-    responses_router,
-)
+from faithproxy.server.doors import ops_router, pages_router, reports_router
 from faithproxy.server.doors.off import OffModeMiddleware
+from faithproxy.server.doors.routes import door_routes
 from faithproxy.server.doors.schema import install_openapi
+from faithproxy.server.doors.table import DOORS
 from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.observe.otel import Telemetry, TracingMiddleware
 from faithproxy.server.observe.report_page import ListedReports
 from faithproxy.server.observe.reports import Reports, ReportStore, SharedReportStore
 from faithproxy.server.observe.reports_redis import RedisReportStore
 from faithproxy.server.observe.traces import TraceWriter
+from faithproxy.server.protocol.doors import DoorTable
 from faithproxy.server.protocol.errors import faithproxy_error_handler, validation_error_handler
 from faithproxy.server.runtime.heap_trim import HeapTrimmer, fix_mmap_threshold
 from faithproxy.server.runtime.internal_errors import InternalErrorMiddleware
@@ -59,6 +54,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     image_fetcher: ImageFetcher | None = None,
+    doors: DoorTable = DOORS,
 ) -> FastAPI:
     """Each app owns its metrics registry (so several apps can live in one test process).
 
@@ -138,7 +134,7 @@ def create_app(
         # One Metrics per app: a registry takes each metric once, and the counters of an app whose
         # lifespan runs again (test clients restart it) simply go on.
         if not built_metrics:
-            built_metrics.append(Metrics(registry, detectors, judges=list(judges)))
+            built_metrics.append(Metrics(registry, detectors, judges=list(judges), endpoints=doors.paths))
         metrics = built_metrics[0]
         state = AppState(
             settings=settings,
@@ -160,6 +156,7 @@ def create_app(
             hint_llm=judges.get(settings.hint_judge) if settings.hint_judge else None,
             reports=reports,
             key_policies=key_policies,
+            doors=doors,
         )
         app.state.faithproxy = state
         _start_policies(key_policies, metrics)
@@ -188,14 +185,12 @@ def create_app(
     app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.include_router(chat_router.router)
-    app.include_router(completions_router.router)
-    app.include_router(responses_router.router)
-    app.include_router(messages_router.router)
+    app.state.doors = doors  # the error handlers and the middleware find a request's door here
+    app.include_router(door_routes(doors))
     app.include_router(ops_router.router)
     app.include_router(reports_router.router)
     app.include_router(pages_router.router)
-    install_openapi(app, settings)
+    install_openapi(app, settings, doors)
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
     app.add_middleware(RoutingKeyMiddleware, header=settings.routing_header)
@@ -204,12 +199,13 @@ def create_app(
         limit=settings.max_concurrent_requests,
         retry_after_s=settings.retry_after_s,
         per_client=settings.max_requests_per_client,
+        paths=doors.paths,
     )
     if settings.api_keys or key_policies is not None:
         open_paths = ALWAYS_OPEN if settings.metrics_require_key else ALWAYS_OPEN | {"/metrics"}
         keys = [key.get_secret_value() for key in settings.api_keys]
         app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths, more_keys=key_policies)
-    app.add_middleware(AnthropicKeyHeader)  # x-api-key on /v1/messages read as a bearer key, by all of the above
+    app.add_middleware(AnthropicKeyHeader)  # x-api-key on Anthropic's doors read as a bearer key, by all of the above
     app.add_middleware(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )

@@ -14,6 +14,7 @@ from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.observe.reports import Reports
 from faithproxy.server.observe.traces import TraceWriter
+from faithproxy.server.protocol.doors import DoorTable
 from faithproxy.server.settings import Settings
 
 
@@ -37,6 +38,7 @@ class AppState:
     # Reports of finished verified requests, by request id (GET /v1/faithfulness/{request_id}).
     reports: Reports | None = None
     # The policy per API key in force (FAITHPROXY_POLICY_FILE); None without a policy file.
+    doors: DoorTable = field(default_factory=lambda: DoorTable(()))  # create_app's (server/doors/table.py)
     key_policies: Any = None  # server.key_policy.KeyPolicies
 
     def judge_fetches_images(self, judge: str | None) -> bool:

@@ -1,12 +1,13 @@
 """Admission: the one path from a request's bytes and headers to a request the proxy will serve.
 
-Every door and every mode goes through `admit`: the chat router (server/doors/chat_router.py) and the
+Every door and every mode goes through `admit`: each door's route (server/doors/routes.py) and the
 off-mode fast path (server/doors/off.py, pure ASGI) alike, so a body, a limit or a header is refused
 the same way whichever of them meets it. What differs between doors is only how a body is read: each
-door passes its `BodyParser` (`parse_chat_body` for /v1/chat/completions).
+door brings its `parse` (server/protocol/doors.py: `parse_chat_body` for chat) and, for the doors that run
+as chat in a verified mode, its `translate`.
 
-    raw bytes ── parse (per door) ── check_body ── policy_from_headers ── key policy ── settle_media_urls ─▶ Admitted
-                                                                                            (async: may fetch)
+    raw bytes ── parse (per door) ── check_body ── policy_from_headers ── key policy ── settle_media_urls
+              ── translate (per door, verified modes) ─▶ Admitted           (async: may fetch)
 
 Everything but the media-URL step is synchronous and cheap: off mode exists for CPU per token
 (benchmarks/performance/cpu_per_token.py), and its admission is most of its per-request work. A refusal
@@ -26,6 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
 from faithproxy.server.admission.image_urls import settle_media_urls
 from faithproxy.server.admission.json_guard import load_json
@@ -34,6 +36,7 @@ from faithproxy.server.admission.policy import RequestPolicy, policy_from_header
 
 if TYPE_CHECKING:  # this module stays light for the off-mode path: no FastAPI, no state module
     from faithproxy.server.observe.metrics import Metrics
+    from faithproxy.server.protocol.doors import Door
     from faithproxy.server.state import AppState
 
 BodyParser = Callable[[bytes], dict[str, Any]]
@@ -50,7 +53,10 @@ class Admitted:
     started: float  # time.perf_counter() when the request arrived: durations and TTFT count from here
     started_wall: float  # time.time() at the same moment: the trace's time, the response's `created`
     key_policy: str = "default"  # the name of the API key's policy (server/admission/key_policy.py), never the key
-    endpoint: str = "/v1/chat/completions"  # the door's path: the `endpoint` label of its metrics
+    endpoint: str = CHAT_PATH  # the door's path: the `endpoint` label of its metrics
+    # The client's body as its door's API has it, where `body` is its translation to chat (the Responses
+    # and Messages doors in a verified mode); else `body` itself.
+    request: dict[str, Any] | None = None
 
     @property
     def stream(self) -> bool:
@@ -80,19 +86,15 @@ def arrival() -> tuple[float, float]:
 
 
 async def admit(
-    raw: bytes,
-    headers: Mapping[str, str],
-    state: AppState,
-    parse: BodyParser,
-    *,
-    started: tuple[float, float],
-    endpoint: str,
+    raw: bytes, headers: Mapping[str, str], state: AppState, door: Door, *, started: tuple[float, float]
 ) -> Admitted:
     """The request as it will be served, or a FaithproxyError (PolicyError and its kinds, 4xx) raised
-    before anything is sent upstream. `started` is `arrival()` taken when the request came in;
-    `endpoint` the door's path."""
-    body = parse(raw)
-    changed = check_body(body, state.settings)  # True: the max_tokens cap was added
+    before anything is sent upstream. `started` is `arrival()` taken when the request came in. A door
+    that speaks another API than chat (`door.translate`) has its body turned into the chat body here, in
+    a verified mode, once the limits and the media-URL policy have run on the client's body (their errors
+    name the client's fields): they run once, whichever door."""
+    request = door.parse(raw)
+    changed = check_body(request, state.settings)  # True: the max_tokens cap was added
     policy = policy_from_headers(
         headers,
         state.settings,
@@ -104,10 +106,23 @@ async def admit(
     if state.key_policies is not None:  # 403 for what the API key's policy does not allow
         key_policy, policy = state.key_policies.enforce(headers, policy)
     # Every mode: no client-chosen media URL reaches vLLM unchecked (ImageRefused: nothing sent yet).
-    changed |= await settle_media_urls(body, state.settings.image_urls, state.image_fetcher)
+    changed |= await settle_media_urls(request, state.settings.image_urls, state.image_fetcher)
     if changed:
-        raw = json.dumps(body).encode()  # forward the body as settled
-    return Admitted(body, raw, policy, _noted(new_request_id()), *started, key_policy=key_policy, endpoint=endpoint)
+        raw = json.dumps(request).encode()  # forward the body as settled
+    body = request
+    if door.translate is not None and policy.mode != "off":
+        # after the limits and the media-URL policy: the chat body carries the images they settled
+        body = door.translate(request, policy.mode)  # a PolicyError for what a verified chain can't carry
+    return Admitted(
+        body,
+        raw,
+        policy,
+        _noted(new_request_id()),
+        *started,
+        key_policy=key_policy,
+        endpoint=door.path,
+        request=request,
+    )
 
 
 def count_refused(metrics: Metrics, exc: FaithproxyError, endpoint: str) -> None:

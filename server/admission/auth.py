@@ -24,7 +24,8 @@ from typing import Protocol
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import AuthError
-from faithproxy.server.protocol.errors import ANTHROPIC_PATH, send_error
+from faithproxy.server.protocol.doors import Api
+from faithproxy.server.protocol.errors import door_at, send_error
 
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
 
@@ -98,16 +99,18 @@ def _bearer_token(scope: Scope) -> bytes | None:
 
 
 class AnthropicKeyHeader:
-    """The anthropic SDK sends its key as `x-api-key`, not as a bearer token. On /v1/messages a request with
-    `x-api-key` and no `Authorization` gets `Authorization: Bearer <key>` added to its scope, so the key
-    check above, the key policy (server/admission/key_policy.py) and the per-client limits all read one header.
+    """The anthropic SDK sends its key as `x-api-key`, not as a bearer token. On a door of Anthropic's
+    API a request with `x-api-key` and no `Authorization` gets `Authorization: Bearer <key>` added to its
+    scope, so the key check above, the key policy (server/admission/key_policy.py) and the per-client
+    limits all read one header.
     Sits outside APIKeyMiddleware."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == ANTHROPIC_PATH:
+        door = door_at(scope) if scope["type"] == "http" else None
+        if door is not None and door.api is Api.ANTHROPIC:
             headers = scope["headers"]
             key = next((value for name, value in headers if name == b"x-api-key"), None)
             if key is not None and not any(name == b"authorization" for name, _ in headers):

@@ -37,11 +37,7 @@ from faithproxy.server.admission.media_parts import media_parts
 from faithproxy.server.protocol.errors import send_error
 from faithproxy.server.settings import Settings
 
-CHAT_PATH = "/v1/chat/completions"
 MAX_TOKEN_COUNT = 2**31 - 1  # no model generates more: a larger max_tokens is a 400 even with no cap
-COMPLETIONS_PATH = "/v1/completions"
-RESPONSES_PATH = "/v1/responses"
-MESSAGES_PATH = "/v1/messages"
 
 
 class RequestSizeMiddleware:
@@ -94,12 +90,7 @@ class ConcurrencyLimitMiddleware:
         limit: int,
         retry_after_s: int,
         per_client: int | None = None,
-        paths: Iterable[str] = (
-            CHAT_PATH,
-            COMPLETIONS_PATH,
-            RESPONSES_PATH,
-            MESSAGES_PATH,
-        ),
+        paths: Iterable[str],  # the doors' (server/protocol/doors.py)
     ) -> None:
         self.app = app
         self.limit = limit

@@ -1,12 +1,12 @@
 """`off` mode as pure ASGI: the client's body bytes to vLLM, vLLM's bytes back, nothing decoded.
 
 `OffModeMiddleware` sits inside the limit middleware (size, API keys, concurrency) and in front of
-FastAPI's router. A POST to a door (/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages)
-whose mode is `off` (its X-Faithproxy-Mode header, or the server's default when it has none) is served
-here: it is admitted by the one admission path (server/admission/admit.py, as the router admits it: the body,
+FastAPI's router. A POST to a door of the app's door table (server/protocol/doors.py) whose mode is
+`off` (its X-Faithproxy-Mode header, or the server's default when it has none) is served here: it is
+admitted by the one admission path (server/admission/admit.py, as the door's route admits it: the body,
 the limits, every X-Faithproxy-* header, media URLs under the image-URL policy), then `Passthrough`
-forwards it to vLLM's endpoint of the same path. Everything else goes on to the router untouched (the
-router's own off branch, for a header value the middleware does not read as `off`, answers with the same
+forwards it to the door's vLLM endpoint (`off_path`). Everything else goes on to the router untouched
+(a door's route, for a header value the middleware does not read as `off`, answers with the same
 `Passthrough`). What this skips is FastAPI's routing and dependency injection, starlette's response
 classes, an anyio task group per stream and httpx: most of the CPU a pass-through request cost
 (docs/benchmarks.md, issue 22).
@@ -32,36 +32,21 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError, UpstreamErrorCode
-from faithproxy.server.admission.admit import Admitted, BodyParser, admit, arrival, count_refused, parse_chat_body
-from faithproxy.server.admission.limits import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RESPONSES_PATH
+from faithproxy.server.admission.admit import Admitted, admit, arrival, count_refused
 from faithproxy.server.admission.policy import HEADER_MODE
-from faithproxy.server.doors.bodies import parse_completions_body, parse_messages_body, parse_responses_body
 from faithproxy.server.observe.finish import finish_request
 from faithproxy.server.observe.traces import RequestTrace
-from faithproxy.server.protocol.errors import anthropic_error, door_error_body, error_frame
+from faithproxy.server.protocol.doors import Api, Door
+from faithproxy.server.protocol.errors import anthropic_error, door_at, door_error_body, error_frame
 
 _DONE = b"data: [DONE]\n\n"
 _MODE_HEADER = HEADER_MODE.encode()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
-# The doors whose off mode is vLLM's own endpoint of the same path, each with its body parser.
-_DOORS: dict[str, BodyParser] = {
-    CHAT_PATH: parse_chat_body,
-    COMPLETIONS_PATH: parse_completions_body,
-    RESPONSES_PATH: parse_responses_body,
-    MESSAGES_PATH: parse_messages_body,
-}
-# How each door's event stream ends when it is complete: chat and completions with `data: [DONE]`; the
-# Responses API with a terminal response event; Anthropic's Messages with message_stop (neither of the
-# last two sends [DONE]).
-_COMPLETE = {
-    RESPONSES_PATH: (b"event: response.completed", b"event: response.incomplete", b"event: response.failed"),
-    MESSAGES_PATH: (b"event: message_stop",),
-}
 
 
-def _end_frames(path: str, exc: FaithproxyError) -> bytes:
+def _end_frames(door: Door, exc: FaithproxyError) -> bytes:
     """What ends a stream that broke after its first byte, in the door's format."""
-    if path == MESSAGES_PATH:  # an Anthropic `error` event (the SDK raises it); Anthropic streams have no [DONE]
+    if door.api is Api.ANTHROPIC:  # an Anthropic `error` event (the SDK raises it); its streams have no [DONE]
         return b"event: error\ndata: " + json.dumps(anthropic_error(exc.status_code, exc.message)).encode() + b"\n\n"
     return error_frame(exc) + _DONE
 
@@ -75,10 +60,11 @@ class Passthrough(Response):
 
     # Response.__init__ is not called: it builds a body this class never has. `state` is the
     # server.state.AppState, not imported: this module stays light.
-    def __init__(self, state: Any, admitted: Admitted, *, path: str = CHAT_PATH) -> None:
+    def __init__(self, state: Any, admitted: Admitted, door: Door) -> None:
         self.state = state
         self.admitted = admitted
-        self.path = path  # the upstream path: the door's own (/v1/chat/completions, /v1/completions)
+        self.door = door
+        self.path = door.off_path  # vLLM's endpoint for the door's API
         self.ttft: float | None = None
         self.error: FaithproxyError | None = None
         self.disconnected = False
@@ -122,7 +108,7 @@ class Passthrough(Response):
             self._finish()
 
     async def _send_error(self, send: Send, exc: FaithproxyError) -> None:
-        await _send_error(send, exc, self._headers({"content-type": "application/json"}), self.path)
+        await _send_error(send, exc, self._headers({"content-type": "application/json"}), self.door)
 
     async def _whole(self, upstream: Any, send: Send) -> None:
         try:
@@ -137,11 +123,11 @@ class Passthrough(Response):
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
     async def _stream(self, upstream: Any, receive: Receive, send: Send) -> None:
-        # vLLM ends every complete event stream with its door's last event (_COMPLETE, else [DONE]): one that
+        # vLLM ends every complete event stream with its door's last event (stream_end, else [DONE]): one that
         # ends without it was cut off, and the client must hear so (the door's error frame) rather than take
         # a clean end for a complete answer.
         headers = upstream.headers
-        markers = _COMPLETE.get(self.path)
+        markers = self.door.stream_end or None
         complete = False
         watch_end = (
             upstream.status == 200
@@ -172,10 +158,10 @@ class Passthrough(Response):
                     "upstream stream ended before its last event", code=UpstreamErrorCode.STREAM_TRUNCATED
                 )
                 separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
-                await self._send_frames(send, separator + _end_frames(self.path, self.error))
+                await self._send_frames(send, separator + _end_frames(self.door, self.error))
         except UpstreamError as exc:  # broke or stalled mid-stream: end well-formed
             self.error = exc
-            await self._send_frames(send, _end_frames(self.path, exc))
+            await self._send_frames(send, _end_frames(self.door, exc))
         except asyncio.CancelledError:
             if not self.disconnected or task.uncancel() > 0:
                 raise  # not (only) the client going away: let it through
@@ -226,8 +212,8 @@ class OffModeMiddleware:
         return self.default_off
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parse = _DOORS.get(scope["path"]) if scope["type"] == "http" else None
-        if parse is None or scope["method"] != "POST" or not self._is_off(scope["headers"]):
+        door = door_at(scope) if scope["type"] == "http" else None
+        if door is None or scope["method"] != "POST" or not self._is_off(scope["headers"]):
             await self.app(scope, receive, send)
             return
         app = scope.get("app")
@@ -240,17 +226,17 @@ class OffModeMiddleware:
             raw = await _read_body(receive)
             if raw is None:
                 return  # the client left before sending its body
-            admitted = await admit(raw, Headers(scope=scope), state, parse, started=started, endpoint=scope["path"])
+            admitted = await admit(raw, Headers(scope=scope), state, door, started=started)
         except FaithproxyError as exc:
-            count_refused(state.metrics, exc, scope["path"])
-            await _send_error(send, exc, [(b"content-type", b"application/json")], scope["path"])
+            count_refused(state.metrics, exc, door.path)
+            await _send_error(send, exc, [(b"content-type", b"application/json")], door)
             return
-        await Passthrough(state, admitted, path=scope["path"])(scope, receive, send)
+        await Passthrough(state, admitted, door)(scope, receive, send)
 
 
-async def _send_error(send: Send, exc: FaithproxyError, headers: list[tuple[bytes, bytes]], path: str) -> None:
+async def _send_error(send: Send, exc: FaithproxyError, headers: list[tuple[bytes, bytes]], door: Door) -> None:
     """The error as one JSON body in the door's format, before any other byte of the response."""
-    content = json.dumps(door_error_body(path, exc)).encode()
+    content = json.dumps(door_error_body(door, exc)).encode()
     headers.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": content, "more_body": False})

@@ -25,6 +25,7 @@ from faithproxy.server.admission.policy import (
     HEADER_ON_DETECTOR_ERROR,
     HEADER_REASONING_FORMAT,
 )
+from faithproxy.server.protocol.doors import DoorTable
 from faithproxy.server.settings import Settings
 
 
@@ -242,7 +243,7 @@ RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def install_openapi(app: FastAPI, settings: Settings) -> None:
+def install_openapi(app: FastAPI, settings: Settings, doors: DoorTable) -> None:
     """Adds the request models (pydantic's $defs become components), the headers with this server's
     values, its max_tokens cap and, when keys are configured, the bearer security scheme."""
 
@@ -266,9 +267,9 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             components["schemas"].update(messages.pop("$defs", {}))
             components["schemas"]["MessagesRequest"] = messages
             state = getattr(app.state, "faithproxy", None)
-            for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
-                if path in schema["paths"]:
-                    operation = schema["paths"][path]["post"]
+            for door in doors:
+                if door.path in schema["paths"]:
+                    operation = schema["paths"][door.path]["post"]
                     operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)
             if settings.api_keys:
                 components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -24,6 +24,7 @@ from faithproxy.server.chain.hints import apply_hints, collect_hints
 from faithproxy.server.chain.judge_bill import FIELD as JUDGE_USAGE
 from faithproxy.server.chain.judge_bill import bill_header, judge_bill
 from faithproxy.server.chain.session import CHAT_WIRE, ChainSession, Emit, EmitEnd, EmitExtra, EmitText, EmitVerdicts
+from faithproxy.server.doors.off import Passthrough
 from faithproxy.server.observe.finish import finish_request
 from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.summary import step_annotation, summarize
@@ -47,6 +48,7 @@ class ChatServing:
     def __init__(self, state: AppState, admitted: Admitted) -> None:
         self.state = state
         self.admitted = admitted
+        self.door = state.doors[admitted.endpoint]
         self.policy = admitted.policy
         self.body = admitted.body
         self.raw = admitted.raw
@@ -116,7 +118,7 @@ class ChatServing:
         except FaithproxyError as exc:
             self.error = exc
             self._finish()
-            return error_response(exc, headers=self.headers)
+            return error_response(exc, headers=self.headers, door=self.door)
         except BaseException:
             self.error = FaithproxyError("request cancelled")
             self._finish()
@@ -242,7 +244,7 @@ class ChatServing:
                 item = await anext(events, None)
         except FaithproxyError as exc:
             self.error = exc
-            return error_response(exc, headers=self.headers)
+            return error_response(exc, headers=self.headers, door=self.door)
         finally:
             await _aclose(events)
             self._finish()
@@ -272,10 +274,8 @@ class ChatServing:
 
     async def _passthrough(self) -> Response:
         """Off-mode requests mostly never reach the router (server/doors/off.py serves them as pure
-        ASGI); those that do (an http(s) image URL) are answered by the same code."""
-        from faithproxy.server.doors.off import Passthrough
-
-        return Passthrough(self.state, self.admitted, path=self.wire.path)
+        ASGI); those that do (a mode header the middleware does not read as `off`) get the same code."""
+        return Passthrough(self.state, self.admitted, self.door)
 
     # ---- accounting ---------------------------------------------------------------------------
 

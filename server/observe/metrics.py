@@ -39,7 +39,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from faithproxy.detectors.registry import decision_stages
 from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
-from faithproxy.server.protocol.errors import DOOR_PATHS
 
 KINDS = ("perception", "reasoning")
 VERDICTS = ("faithful", "unfaithful", "unknown", "unsure")
@@ -50,8 +49,8 @@ RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
 ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
 STEP_OUTCOMES = ("fixed", "failed")
 REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
-# The `endpoint` label: the door a request came through (server/doors/), its path.
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+# The `endpoint` label is the path of the door a request came through: its values are the app's door
+# table (server/protocol/doors.py), handed to Metrics as `endpoints`.
 # The error reasons are the error codes: every code an error can carry is a label, pre-initialised.
 UPSTREAM_ERRORS = tuple(code.value for code in UpstreamErrorCode)
 DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
@@ -95,15 +94,23 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 CONNECTION_CLOSE_REASONS = ("header_timeout", "body_timeout", "idle_timeout", "too_many_connections")
-# The `door` of faithproxy_internal_errors_total (server/runtime/internal_errors.py): a door's path, or "other".
-INTERNAL_ERROR_DOORS = (*DOOR_PATHS, "other")
+# The `door` of faithproxy_internal_errors_total (server/runtime/internal_errors.py): a door's path, or this.
+NOT_A_DOOR = "other"
 
 
 class Metrics:
     """All metrics, bound to one registry (a fresh one per test app, the default one in production)."""
 
-    def __init__(self, registry: CollectorRegistry, detectors: Iterable[str] = (), judges: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        detectors: Iterable[str] = (),
+        judges: Iterable[str] = (),
+        *,
+        endpoints: Iterable[str] = (),
+    ) -> None:
         self.registry = registry
+        self.endpoints = tuple(endpoints)  # the doors' paths: every `endpoint` series starts at zero
         self.requests = Counter(
             "faithproxy_requests_total",
             "Requests by mode, detector, HTTP status class and endpoint (the door: its path).",
@@ -230,7 +237,7 @@ class Metrics:
             ["door"],
             registry=registry,
         )
-        for door in INTERNAL_ERROR_DOORS:
+        for door in (*self.endpoints, NOT_A_DOOR):
             self.internal_errors.labels(door)
         self.abandoned_requests = Counter(
             "faithproxy_abandoned_requests_total",
@@ -336,7 +343,7 @@ class Metrics:
                 self.detector_errors.labels(name, reason)
             for mode in MODES:
                 for status in REQUEST_STATUSES:
-                    for endpoint in ENDPOINTS:
+                    for endpoint in self.endpoints:
                         self.requests.labels(mode, name, status, endpoint)
         for stage in CASCADE_STAGES:
             self.cascade_decisions.labels(stage)
@@ -351,7 +358,7 @@ class Metrics:
             self.upstream_errors.labels(reason)
         for mode in MODES:
             self.verification_seconds.labels(mode)
-            for endpoint in ENDPOINTS:
+            for endpoint in self.endpoints:
                 self.ttft.labels(mode, endpoint)
                 for stream in ("true", "false"):
                     self.request_duration.labels(mode, stream, endpoint)

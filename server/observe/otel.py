@@ -42,6 +42,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.types import Faithfulness
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class Telemetry:
 
         @functools.wraps(open_chat)
         async def traced_open(content: bytes, *, stream: bool, **kwargs: Any) -> Any:
-            span = self._upstream_span(_model_of(content), str(kwargs.get("path", "/v1/chat/completions")))
+            span = self._upstream_span(_model_of(content), str(kwargs.get("path", CHAT_PATH)))
             try:
                 with trace.use_span(span, end_on_exit=False):
                     body = await open_chat(content, stream=stream, **kwargs)
@@ -170,7 +171,7 @@ class Telemetry:
 
         @functools.wraps(chat)
         async def traced_chat(body: dict[str, Any]) -> dict[str, Any]:
-            span = self._upstream_span(str(body.get("model", "")), "/v1/chat/completions")
+            span = self._upstream_span(str(body.get("model", "")), CHAT_PATH)
             try:
                 with trace.use_span(span, end_on_exit=False):
                     reply = await chat(body)

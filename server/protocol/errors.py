@@ -18,10 +18,8 @@ from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamStatusError
+from faithproxy.server.protocol.doors import Api, Door, DoorTable
 
-# The doors (server/doors/): a refusal by the middleware in front of them counts as a rejected request.
-DOOR_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
-ANTHROPIC_PATH = "/v1/messages"
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -47,13 +45,28 @@ def error_body(exc: FaithproxyError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": exc.code}}
 
 
-def door_error_body(path: str, exc: FaithproxyError) -> dict[str, Any]:
-    """The error body in the format of the door at `path`."""
-    return anthropic_error(exc.status_code, exc.message) if path == ANTHROPIC_PATH else error_body(exc)
+def door_error_body(door: Door | None, exc: FaithproxyError) -> dict[str, Any]:
+    """The error body in the format of `door` (OpenAI's for a path that is no door: /metrics, /reports)."""
+    if door is not None and door.api is Api.ANTHROPIC:
+        return anthropic_error(exc.status_code, exc.message)
+    return error_body(exc)
 
 
-def error_response(exc: FaithproxyError, headers: dict[str, str] | None = None, *, path: str = "") -> JSONResponse:
-    return JSONResponse(door_error_body(path, exc), status_code=exc.status_code, headers=headers)
+def error_response(
+    exc: FaithproxyError, headers: dict[str, str] | None = None, *, door: Door | None = None
+) -> JSONResponse:
+    return JSONResponse(door_error_body(door, exc), status_code=exc.status_code, headers=headers)
+
+
+def doors_of(app: Any) -> DoorTable | None:
+    """The door table `create_app` keeps on the app (None for an app that is not faithproxy's)."""
+    return getattr(getattr(app, "state", None), "doors", None)
+
+
+def door_at(scope: Scope) -> Door | None:
+    """The door a request's scope is for, None when its path is no door."""
+    doors = doors_of(scope.get("app"))
+    return doors.get(scope.get("path", "")) if doors is not None else None
 
 
 async def send_error(
@@ -61,12 +74,11 @@ async def send_error(
 ) -> None:
     """Answers from pure ASGI middleware (auth, limits) in the door's format and counts the request as
     rejected."""
-    app = scope.get("app")
-    state = getattr(getattr(app, "state", None), "faithproxy", None)
-    path = scope.get("path", "")
-    if state is not None and path in DOOR_PATHS:
-        state.metrics.requests.labels("rejected", "-", f"{exc.status_code // 100}xx", path).inc()
-    await error_response(exc, headers=headers, path=path)(scope, receive, send)
+    state = getattr(getattr(scope.get("app"), "state", None), "faithproxy", None)
+    door = door_at(scope)
+    if state is not None and door is not None:
+        state.metrics.requests.labels("rejected", "-", f"{exc.status_code // 100}xx", door.path).inc()
+    await error_response(exc, headers=headers, door=door)(scope, receive, send)
 
 
 def error_frame(exc: FaithproxyError) -> bytes:
@@ -76,7 +88,7 @@ def error_frame(exc: FaithproxyError) -> bytes:
 
 async def faithproxy_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FaithproxyError)
-    return error_response(exc, path=request.url.path)
+    return error_response(exc, door=door_at(request.scope))
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
@@ -84,7 +96,8 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     message = f"Invalid request body: {first.get('msg', 'validation error')}" + (f" at '{loc}'" if loc else "")
-    if request.url.path == ANTHROPIC_PATH:
+    door = door_at(request.scope)
+    if door is not None and door.api is Api.ANTHROPIC:
         return JSONResponse(anthropic_error(400, message), status_code=400)
     body = {"error": {"message": message, "type": "invalid_request_error", "param": loc or None, "code": None}}
     return JSONResponse(body, status_code=400)

@@ -23,11 +23,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission.admit import REQUEST_ID, new_request_id
-from faithproxy.server.observe.metrics import INTERNAL_ERROR_DOORS
-from faithproxy.server.protocol.errors import error_response
+from faithproxy.server.observe.metrics import NOT_A_DOOR
+from faithproxy.server.protocol.errors import door_at, error_response
 
 log = logging.getLogger("faithproxy")
-OTHER = INTERNAL_ERROR_DOORS[-1]  # the `door` of a path that is no door (/metrics, /v1/faithfulness/...)
 
 
 class InternalErrorMiddleware:
@@ -58,14 +57,15 @@ class InternalErrorMiddleware:
                     code="internal_error",
                 )
                 headers = {"x-faithproxy-request-id": request_id}
-                await error_response(error, headers, path=scope.get("path", ""))(scope, receive, send)
+                await error_response(error, headers, door=door_at(scope))(scope, receive, send)
         finally:
             REQUEST_ID.reset(token)
 
 
 def _record(scope: Scope, exc: Exception, request_id: str, started: bool) -> None:
     path = scope.get("path", "")
-    door = path if path in INTERNAL_ERROR_DOORS else OTHER
+    found = door_at(scope)
+    door = found.path if found is not None else NOT_A_DOOR
     when = "after the response started" if started else "before any response"
     log.error(
         "internal error %s %s, request id %s, %s: %r",

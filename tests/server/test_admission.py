@@ -13,8 +13,8 @@ import pytest
 
 from faithproxy.server.admission import admit as admission
 from faithproxy.server.app import create_app
-from faithproxy.server.doors import chat_router as chat
 from faithproxy.server.doors import off as passthrough
+from faithproxy.server.doors import routes as chat
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, metric, running_app
 

@@ -19,8 +19,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
+from faithproxy.clients.vllm import CHAT_PATH as CHAT
 from faithproxy.server.admission.auth import APIKeyMiddleware
-from faithproxy.server.admission.limits import CHAT_PATH as CHAT
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, frames, metric, running_app

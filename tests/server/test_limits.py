@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from faithproxy.clients.vllm import CHAT_PATH as CHAT
 from faithproxy.faithcore.errors import PayloadTooLarge, PolicyError
-from faithproxy.server.admission.limits import CHAT_PATH as CHAT
 from faithproxy.server.admission.limits import check_body
 from faithproxy.server.admission.media_parts import data_url_size
 from faithproxy.server.app import create_app

@@ -1,0 +1,129 @@
+"""A fifth door, declared in this file alone, gets everything a door gets from the server: API keys,
+admission, limits, the policy headers, the media-URL policy, its own error format, metrics under its
+path, off mode, the verified modes, reports and the OpenAPI schema. Nothing under server/ names it: the
+door table (server/protocol/doors.py) is the one declaration every room reads.
+
+The door speaks chat's body but Anthropic's error format, so each refusal shows that the format comes
+from the declaration, not from the path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from faithproxy.clients.vllm import CHAT_PATH
+from faithproxy.server.admission.admit import parse_chat_body
+from faithproxy.server.app import create_app
+from faithproxy.server.doors.table import DOORS
+from faithproxy.server.protocol.doors import Api, Door
+from faithproxy.server.settings import Settings
+from faithproxy.testing import FakeUpstream, running_app
+from faithproxy.testing.metrics import metric
+
+PATH = "/v2/checked-chat"
+NEW_DOOR = Door(
+    path=PATH,
+    api=Api.ANTHROPIC,
+    parse=parse_chat_body,
+    serving="faithproxy.server.doors.serving:ChatServing",
+    off_path=CHAT_PATH,
+    name="checked_chat",
+)
+KEY = "sk-new-door-client-key-0a1b2c3d"
+PNG = (
+    "data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
+)
+
+
+def chat(*images: str, **extra: Any) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is in the image?"}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in images]
+    return {"model": "fake-vlm", "messages": [{"role": "user", "content": parts}], **extra}
+
+
+def anthropic_refusal(answer: httpx.Response, status: int, kind: str) -> str:
+    """The message of a refusal in Anthropic's format (asserting the format and the status)."""
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind, body
+    assert "param" not in body["error"]  # not OpenAI's shape
+    return str(body["error"]["message"])
+
+
+@pytest.fixture
+async def proxy() -> Any:
+    upstream = FakeUpstream()
+    settings = Settings(
+        upstream_url="http://vllm.test",
+        api_keys=[KEY],
+        default_detector="none",
+        max_images_per_request=1,
+        max_tokens_cap=50,
+    )
+    app = create_app(settings, upstream_transport=upstream.transport(), doors=DOORS.with_doors(NEW_DOOR))
+    async with running_app(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers={"authorization": f"Bearer {KEY}"}) as http:
+            yield http, upstream
+
+
+async def test_refusals_at_the_new_door_come_in_its_format(proxy: Any) -> None:
+    http, upstream = proxy
+    async with httpx.AsyncClient(base_url=str(http.base_url), timeout=30) as anonymous:
+        assert "API key" in anthropic_refusal(await anonymous.post(PATH, json=chat()), 401, "authentication_error")
+        # the door speaks Anthropic's API, so its SDK's x-api-key is read as the key
+        keyed = await anonymous.post(PATH, json=chat(), headers={"x-api-key": KEY, "x-faithproxy-mode": "off"})
+        assert keyed.status_code == 200, keyed.text
+    refusals = [
+        ({"content": b"{not json"}, "invalid_request_error"),  # admission: the body
+        ({"json": chat(PNG, PNG)}, "invalid_request_error"),  # limits: images per request
+        ({"json": chat(max_tokens=500)}, "invalid_request_error"),  # limits: the max_tokens cap
+        ({"json": chat("file:///etc/passwd")}, "invalid_request_error"),  # the media-URL policy
+        ({"json": chat(), "headers": {"x-faithproxy-max-retries": "many"}}, "invalid_request_error"),  # policy
+    ]
+    seen_before = len(upstream.requests)
+    for mode in ("off", "correct"):
+        for request, kind in refusals:
+            headers = {"x-faithproxy-mode": mode, **request.pop("headers", {})}
+            answer = await http.post(PATH, headers=headers, **request)
+            anthropic_refusal(answer, 400, kind)
+            request["headers"] = {k: v for k, v in headers.items() if k != "x-faithproxy-mode"}
+    assert len(upstream.requests) == seen_before  # nothing refused reached vLLM
+    metrics = (await http.get("/metrics")).text
+    # 5 refusals in each of 2 modes, plus the 401 of the middleware in front
+    assert metric(metrics, "faithproxy_requests_total", endpoint=PATH, mode="rejected", status="4xx") == 11
+
+
+async def test_the_new_door_serves_off_and_verified_modes_and_is_counted_and_reported(proxy: Any) -> None:
+    http, upstream = proxy
+    before = (await http.get("/metrics")).text
+    # series exist at zero before the door's first request: the label set is the table's paths
+    assert f'endpoint="{PATH}"' in before
+    off = await http.post(PATH, json=chat(PNG), headers={"x-faithproxy-mode": "off"})
+    assert off.status_code == 200 and off.headers["x-faithproxy-mode"] == "off", off.text
+    forwarded = upstream.requests[-1]
+    # the client's body, as admission settled it (the server's max_tokens cap added)
+    assert forwarded.url.path == CHAT_PATH and json.loads(forwarded.content) == chat(PNG, max_tokens=50)
+
+    verified = await http.post(PATH, json=chat(PNG), headers={"x-faithproxy-mode": "correct"})
+    assert verified.status_code == 200, verified.text
+    assert verified.json()["faithfulness"]["mode"] == "correct"
+    request_id = verified.headers["x-faithproxy-request-id"]
+    report = await http.get(f"/v1/faithfulness/{request_id}")
+    assert report.status_code == 200 and report.json()["id"] == request_id, report.text
+
+    after = (await http.get("/metrics")).text
+    for mode in ("off", "correct"):
+        assert metric(after, "faithproxy_requests_total", endpoint=PATH, mode=mode, status="2xx") == 1
+    schema = (await http.get("/openapi.json")).json()
+    assert schema["paths"][PATH]["post"]["operationId"].startswith("checked_chat")
+
+
+def test_a_table_refuses_two_doors_at_one_path() -> None:
+    with pytest.raises(ValueError, match="two doors"):
+        type(DOORS)([NEW_DOOR, NEW_DOOR])
+    assert DOORS.with_doors(NEW_DOOR).get(PATH) is NEW_DOOR and DOORS.get(PATH) is None
