@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the README's two commands on a plain Debian: inside a container of the base scripts/docker_base.sh
-# gives (python3, venv, pip and CA certificates, nothing else), as root, with a copy of this checkout's
-# files (tracked and untracked-not-ignored: no .venv, no var/). Whatever this machine happens to have
-# installed (libnuma1, git, curl, compilers) is not there, so a missing install step fails here.
+# gives (python3, venv, pip and CA certificates, nothing else), as root, on the committed tree at HEAD
+# (`git archive`: what a fresh clone holds; no .venv, no var/, no uncommitted edits). Whatever this
+# machine happens to have installed (libnuma1, git, curl, compilers) is not there, so a missing install
+# step fails here.
 #   scripts/fresh_debian_check.sh                 bash scripts/demo.sh, then bash scripts/test.sh
 #   scripts/fresh_debian_check.sh -- PYTEST_ARGS  the same, pytest limited to PYTEST_ARGS (every install
 #                                                 step, the fixture model and the lint still run)
@@ -17,7 +18,8 @@ name="faithproxy-fresh-debian-$$"
 tests=$(printf ' %q' "$@")
 echo "base $BASE; container $name; pytest arguments:${tests:- (all)}"
 trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -c \
+echo "tree: $(git rev-parse --short HEAD)"
+git archive --format=tar HEAD \
   | docker run -i --name "$name" --network host --shm-size 1g "$BASE" bash -c "
       set -euo pipefail
       mkdir /repo && tar -x -C /repo && cd /repo
