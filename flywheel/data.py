@@ -79,7 +79,11 @@ def encode_rows(processor: Any, rows: Sequence[dict[str, Any]]) -> Encoded:
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
-    return list(read_jsonl(path))
+    """The pairs of an exported file, image files resolved against the file's folder."""
+    rows = list(read_jsonl(path))
+    for row in rows:
+        row["images"] = [ref if ref.startswith("data:") else str(path.parent / ref) for ref in row["images"]]
+    return rows
 
 
 def to_dataset(path: Path) -> Any:

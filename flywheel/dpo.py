@@ -47,10 +47,13 @@ def dpo_loss(
 
 
 def step_logps(model: Any, enc: Encoded) -> torch.Tensor:
-    """Per row, the summed log-probability of the tokens `enc.step_mask` marks (the step's tokens)."""
-    logits = model(**enc.tensors).logits[:, :-1].float()
-    targets = enc.tensors["input_ids"][:, 1:]
-    mask = enc.step_mask[:, 1:]
+    """Per row, the summed log-probability of the tokens `enc.step_mask` marks (the step's tokens), on
+    the model's device."""
+    device = next(model.parameters()).device
+    tensors = {k: v.to(device) for k, v in enc.tensors.items()}
+    logits = model(**tensors).logits[:, :-1].float()
+    targets = tensors["input_ids"][:, 1:]
+    mask = enc.step_mask[:, 1:].to(device)
     token_logps = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
     return (token_logps * mask).sum(dim=1)
 
@@ -124,7 +127,7 @@ def train(
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     started = time.monotonic()
-    ref = reference_logps(model, processor, rows, config.batch_size)
+    ref = reference_logps(model, processor, rows, config.batch_size).detach()
     ref_heldout = reference_logps(model, processor, heldout, config.batch_size) if heldout else None
     before = evaluate_pairs(model, processor, heldout, ref_heldout, config) if ref_heldout is not None else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
@@ -143,7 +146,7 @@ def train(
                 loss, rc, rr = dpo_loss(chosen, rejected, ref[batch, 0], ref[batch, 1], config.beta)
                 accuracy = float((rc > rr).float().mean())
             else:  # sft: the chosen step's likelihood, per token
-                loss = -chosen.sum() / enc.step_mask[: len(batch), 1:].sum().clamp(min=1)
+                loss = -chosen.sum() / enc.step_mask[: len(batch), 1:].sum().clamp(min=1).to(chosen.device)
                 accuracy = float(((chosen - ref[batch, 0]) > (rejected - ref[batch, 1])).float().mean())
             optimizer.zero_grad()
             loss.backward()

@@ -3,18 +3,20 @@
     faithproxy export pairs --traces var/traces.jsonl --images var/images --out pairs.jsonl
     faithproxy export pairs --redis redis://localhost:6379/0 --min-confidence 0.8 --heldout 0.1 --out pairs.jsonl
 
-With `--heldout F` the pairs of a share F of the images go to `<out stem>.heldout.jsonl` beside `--out`.
-A summary (pairs per split, what was left out and why) is printed as JSON and written to
-`<out stem>.summary.json`.
+Image files are named relative to the pairs file's folder. With `--heldout F` the pairs of a share F
+of the images go to `<out stem>.heldout.jsonl` beside `--out`. A summary (pairs per split, what was left
+out and why) is printed as JSON and written to `<out stem>.summary.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from faithproxy.flywheel.images import ImageIndex
 from faithproxy.flywheel.pairs import HELDOUT, TRAIN, ExportOptions, export_pairs, write_jsonl
@@ -27,6 +29,16 @@ def heldout_path(out: Path) -> Path:
 
 def summary_path(out: Path) -> Path:
     return out.with_name(out.stem + ".summary.json")
+
+
+def relative_images(rows: list[dict[str, Any]], folder: Path) -> None:
+    """Image files named relative to the pairs file's folder, so the file and its images move together
+    (flywheel/data.py resolves them the same way); data URLs stay as they are."""
+    for row in rows:
+        row["images"] = [
+            ref if ref.startswith("data:") else os.path.relpath(Path(ref).resolve(), folder.resolve())
+            for ref in row["images"]
+        ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FlywheelError, OSError) as exc:
         print(f"faithproxy export pairs: {exc}", file=sys.stderr)
         return 1
+    for rows in exported.pairs.values():
+        relative_images(rows, args.out.parent)
     write_jsonl(args.out, exported.pairs[TRAIN])
     if args.heldout > 0:
         write_jsonl(heldout_path(args.out), exported.pairs[HELDOUT])

@@ -42,9 +42,40 @@ def frozen_options() -> dict[str, Any]:
 
 
 def _items(seed: int, n: int) -> list[Any]:
-    from faithproxy.shapesworld.model.scoring import heldout_items
+    """The bench's items of `seed` (scoring.heldout_items, without importing the scorer and its nltk)."""
+    from faithproxy.shapesworld.dataset import generate_items
+    from faithproxy.shapesworld.model.corpus import JOINED_EXISTENCE
 
-    return heldout_items(n, seed)
+    return list(generate_items(seed, n, joined=JOINED_EXISTENCE))
+
+
+def generate(models: dict[str, Path], seed: int, n: int, device: str, batch_size: int = 50) -> dict[str, Any]:
+    """Greedy chains of each model alone on `seed`'s first `n` items, in transformers on `device`:
+    the vanilla pass, which needs no vLLM and so can run where a GPU is (its replies are scored here)."""
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from faithproxy.shapesworld.model.corpus import user_message
+    from faithproxy.shapesworld.scenes import render
+    from faithproxy.tinyvlm.hf_reference import prompt_text
+
+    items = _items(seed, n)
+    texts, images = [i.question.prompt for i in items], [render(i.scene) for i in items]
+    out: dict[str, Any] = {"seed": seed, "n": n, "device": device, "torch": torch.__version__, "replies": {}}
+    for name, folder in models.items():
+        net = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval().to(device)
+        processor = AutoProcessor.from_pretrained(folder)
+        tok = processor.tokenizer
+        tok.padding_side = "left"  # as shapesworld.model.greedy.generate_batch
+        started, replies = time.time(), []
+        for at in range(0, n, batch_size):
+            prompts = [prompt_text(tok, [user_message(t)]) for t in texts[at : at + batch_size]]
+            inputs = processor(text=prompts, images=images[at : at + batch_size], padding=True, return_tensors="pt")
+            with torch.inference_mode():
+                ids = net.generate(**inputs.to(device), max_new_tokens=160, do_sample=False)
+            replies += tok.batch_decode(ids[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        out["replies"][name] = {"model": str(folder), "replies": replies, "wall_s": round(time.time() - started, 1)}
+    return out
 
 
 def write_images(seed: int, n: int, out: Path) -> int:
@@ -180,6 +211,52 @@ def measure(name: str, model: Path, rows: Sequence[str], workdir: Path, n: int, 
     }
 
 
+def vanilla_transformers(
+    name: str, model: Path, n: int, seed: int, threads: int = 2, generated: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Greedy chains of the model alone, generated in transformers (batched, on the CPU): the vanilla
+    figures without a vLLM, whose start and throughput a loaded 2-core machine cannot afford three times.
+    The bench's parity check (shapesworld/model/evaluate.py) compares the two decoders on these prompts."""
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import git_commit
+    from faithproxy.shapesworld.model.greedy import generate_in_batches
+    from faithproxy.shapesworld.scenes import render
+    from faithproxy.tinyvlm.digest import file_sha256
+
+    torch.set_num_threads(threads)
+    started = time.time()
+    items = _items(seed, n)
+    if generated is None:
+        net = Qwen2_5_VLForConditionalGeneration.from_pretrained(model, dtype=torch.float32).eval()
+        processor = AutoProcessor.from_pretrained(model)
+        texts, images = [i.question.prompt for i in items], [render(i.scene) for i in items]
+        replies = generate_in_batches(net, processor, texts, images)
+        decoder = "transformers greedy on this machine's CPU (shapesworld.model.greedy), max 160 new tokens"
+    else:  # `generate`'s output for this model, made elsewhere (a GPU machine)
+        if (generated["seed"], generated["n"]) != (seed, n):
+            raise SystemExit(f"--replies holds seed {generated['seed']} n {generated['n']}, not {seed} {n}")
+        replies = generated["replies"][name]["replies"]
+        decoder = f"transformers greedy on {generated['device']} (torch {generated['torch']}), max 160 new tokens"
+    per_chain = {"vanilla": chain_rows(items, replies, None)}
+    return {
+        "name": name,
+        "model": str(model),
+        "model_sha256": file_sha256(model / "model.safetensors"),
+        "scenes_seed": seed,
+        "n_chains": n,
+        "decoder": decoder,
+        "figures": {config: with_intervals(chains) for config, chains in per_chain.items()},
+        "per_chain": per_chain,
+        "replies": replies,
+        "commit": git_commit(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(time.time() - started, 1),
+        "machine": f"{platform.machine()}, {platform.node()}, 2 shared CPU cores, no GPU",
+    }
+
+
 def compare(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every result's figures, and each later result's paired differences against the first."""
     base = results[0]
@@ -219,6 +296,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, help="default: the frozen options'")
+    p = sub.add_parser("vanilla")
+    p.add_argument("--name", required=True)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, help="default: the frozen held-out seed")
+    p.add_argument("--n", type=int, help="default: the frozen options'")
+    p.add_argument("--replies", type=Path, help="replies `generate` wrote (else generated here, on the CPU)")
+    p = sub.add_parser("generate")
+    p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--seed", type=int, help="default: the frozen held-out seed")
+    p.add_argument("--n", type=int, help="default: the frozen options'")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("compare")
     p.add_argument("results", type=Path, nargs="+")
     p.add_argument("--out", type=Path, required=True)
@@ -243,6 +333,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(json.dumps(result["figures"], indent=1))
+    elif args.what == "vanilla":
+        frozen = frozen_options()
+        seed = frozen["heldout"]["seed"] if args.seed is None else args.seed
+        generated = json.loads(args.replies.read_text(encoding="utf-8")) if args.replies else None
+        n = args.n or frozen["heldout"]["n"]
+        result = vanilla_transformers(args.name, args.model, n, seed, generated=generated)
+        result["command"] = command
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print(json.dumps(result["figures"], indent=1))
+    elif args.what == "generate":
+        frozen = frozen_options()
+        seed = frozen["heldout"]["seed"] if args.seed is None else args.seed
+        models = {name: Path(folder) for name, _, folder in (m.partition("=") for m in args.model)}
+        generated = generate(models, seed, args.n or frozen["heldout"]["n"], args.device) | {"command": command}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(generated) + "\n", encoding="utf-8")
+        print({name: g["wall_s"] for name, g in generated["replies"].items()})
     else:
         results = [json.loads(path.read_text(encoding="utf-8")) for path in args.results]
         out = compare(results) | {"command": command, "sources": [str(p) for p in args.results]}

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--checkpoint-every", type=int, default=0)
         p.add_argument("--log-every", type=int, default=10)
         p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+        p.add_argument("--device", default="cpu", help="cpu, or cuda where a GPU is")
     return parser
 
 
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
     )
-    model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32).to(args.device)
     processor = AutoProcessor.from_pretrained(args.model)
     print(f"{args.objective}: {len(rows)} pairs ({len(heldout)} held out) from {args.pairs}, model {args.model}")
     summary = train(model, processor, rows, config, args.out, heldout=heldout)

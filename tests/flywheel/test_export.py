@@ -17,6 +17,7 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import create_app as judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.flywheel import export_cli
+from faithproxy.flywheel.data import load_rows
 from faithproxy.flywheel.images import ImageIndex
 from faithproxy.flywheel.pairs import HELDOUT, TRAIN, ExportOptions, export_pairs, split_of
 from faithproxy.flywheel.records import TRACE_VERSIONS, FlywheelError, read_redis, read_traces
@@ -166,5 +167,7 @@ def test_the_command_writes_pairs_heldout_and_summary(recorded: dict[str, Any]) 
     argv = ["pairs", "--traces", str(recorded["trace"]), "--images", str(recorded["images"]), "--out", str(out)]
     assert export_cli.main([*argv, "--heldout", "0.5"]) == 0
     summary = json.loads(export_cli.summary_path(out).read_text())
+    rows = load_rows(out) + load_rows(export_cli.heldout_path(out))
+    assert {Path(r["images"][0]).read_bytes() for r in rows} == {PNG, OTHER_PNG}  # relative to the file's folder
     lines = out.read_text().splitlines() + export_cli.heldout_path(out).read_text().splitlines()
     assert len(lines) == summary["pairs"][TRAIN] + summary["pairs"][HELDOUT] == 2

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One round of the ShapesWorld loop where a GPU is (the device machine: python3 with torch and
+# transformers, the repo's tree as the working directory, $OUT for what comes back). Trains each DPO
+# candidate and its SFT twin on the exported pairs, then writes every model's greedy chains on the
+# selection seed (999) and on the frozen held-out seed, one file per model, so that only the models
+# the selection rule picks are ever read on the held-out seed.
+#   bash flywheel/device_round.sh PAIRS LR...
+set -euo pipefail
+PAIRS=$1; shift
+ROOT=$PWD
+mkdir -p /tmp/fp/faithproxy /tmp/models
+for f in faithproxy/*; do ln -sfn "$ROOT/$f" /tmp/fp/faithproxy/; done
+for d in faithcore clients detectors regenerators server benchmarks tinyvlm shapesworld flywheel; do
+  ln -sfn "$ROOT/$d" "/tmp/fp/faithproxy/$d"
+done
+export PYTHONPATH=/tmp/fp PYTHONUNBUFFERED=1
+cd /tmp
+MODELS=(--model "base=$ROOT/shapesworld/model/weights")
+for lr in "$@"; do
+  for objective in dpo sft; do
+    python3 -m faithproxy.flywheel.train_cli "$objective" --pairs "$ROOT/$PAIRS" --model "$ROOT/shapesworld/model/weights" \
+      --out "/tmp/models/$objective-$lr" --lr "$lr" --epochs 4 --batch-size 8 --device cuda --log-every 5 \
+      > "$OUT/train-$objective-$lr.log" 2>&1
+    cp "/tmp/models/$objective-$lr/summary.json" "$OUT/train-$objective-$lr.json"
+    MODELS+=(--model "$objective-$lr=/tmp/models/$objective-$lr/model")
+  done
+done
+python3 -m faithproxy.flywheel.shapesworld_loop generate "${MODELS[@]}" --seed 999 --n 300 --device cuda \
+  --out "$OUT/selection-999.json"
+for m in "${MODELS[@]}"; do
+  [[ $m == --model ]] && continue
+  name=${m%%=*}
+  python3 -m faithproxy.flywheel.shapesworld_loop generate --model "$m" --device cuda --out "$OUT/heldout-$name.json"
+done
