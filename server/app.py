@@ -30,6 +30,7 @@ from faithproxy.server.doors import ops_router, pages_router, reports_router
 from faithproxy.server.doors.off import OffModeMiddleware
 from faithproxy.server.doors.routes import door_routes
 from faithproxy.server.doors.schema import install_openapi
+from faithproxy.server.doors.shadow import ShadowChecker
 from faithproxy.server.doors.table import DOORS
 from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.observe.otel import Telemetry, TracingMiddleware
@@ -159,6 +160,8 @@ def create_app(
             doors=doors,
         )
         app.state.faithproxy = state
+        # idle until an off request is sampled (the setting, or a key's share after a policy reload)
+        state.shadow = ShadowChecker.from_state(state)
         _start_policies(key_policies, metrics)
         fix_mmap_threshold(settings.heap_mmap_threshold_bytes)
         app.state.heap_trimmer = trimmer = HeapTrimmer(settings.heap_trim_interval_s)
@@ -177,6 +180,8 @@ def create_app(
             await generator.aclose()
             if fetcher is not None:
                 await fetcher.aclose()
+            if state.shadow is not None:
+                await state.shadow.aclose()
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
             await reports.aclose()  # Redis: the writes in flight land, this loop's connections close
             await _stop_operators_tools(key_policies, telemetry)

@@ -148,6 +148,24 @@ class Settings(BaseSettings):
     # mallopt(M_MMAP_THRESHOLD), set at start; server/runtime/heap_trim.py says why); 0: glibc's dynamic threshold.
     heap_mmap_threshold_bytes: int = Field(128 * 1024, ge=0, le=32 * 1024 * 1024)
 
+    # Shadow checks (server/doors/shadow.py): this share of `off` requests (0 to 1; a key's policy may set
+    # its own, server/admission/key_policy.py) is verified after its response has ended, off the request's
+    # path, by `shadow_detector` (one that needs nothing from the live stream: judge, prompt). At most
+    # `shadow_queue` wait, `shadow_concurrency` run at once, each keeps at most `shadow_max_bytes` of the
+    # response; `shadow_tokens_per_minute` bounds their spend (judge tokens as the judge budget counts
+    # them, plus generator tokens a self-check spends; None: no bound). What does not fit is counted in
+    # faithproxy_shadow_requests_total, never waited for.
+    shadow_share: float = Field(0.0, ge=0.0, le=1.0)
+    shadow_detector: str = "judge"
+    shadow_queue: int = Field(256, ge=1)
+    shadow_concurrency: int = Field(4, ge=1)
+    shadow_max_bytes: int = Field(1 * _MiB, gt=0)
+    shadow_tokens_per_minute: int | None = Field(None, ge=0)
+    # Upstream calls the proxy makes for verification (judge calls, regenerations, self-checks) open at
+    # once, apart from max_concurrent_requests: a burst of flagged steps waits here (counted) rather than
+    # opening thousands of calls (clients/call_gate.py). None: no cap.
+    max_concurrent_upstream_calls: int | None = Field(256, gt=0)
+
     trace_path: str | None = None
     # Per-step reports of finished verified requests, for GET /v1/faithfulness/{request_id} (server/
     # reports.py): kept in memory, the newest `reports_max_count` (0: none), none older than the age.

@@ -40,6 +40,8 @@ class AppState:
     # The policy per API key in force (FAITHPROXY_POLICY_FILE); None without a policy file.
     doors: DoorTable = field(default_factory=lambda: DoorTable(()))  # create_app's (server/doors/table.py)
     key_policies: Any = None  # server.key_policy.KeyPolicies
+    # Checks sampled off requests after the fact (server/doors/shadow.py's ShadowChecker); None: no sampling.
+    shadow: Any = None
 
     def judge_fetches_images(self, judge: str | None) -> bool:
         return self.image_fetcher is not None and any(c.name == judge and c.fetch_images for c in self.settings.judges)

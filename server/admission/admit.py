@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -57,6 +58,7 @@ class Admitted:
     # The client's body as its door's API has it, where `body` is its translation to chat (the Responses
     # and Messages doors in a verified mode); else `body` itself.
     request: dict[str, Any] | None = None
+    shadow: bool = False  # an off-mode request sampled to be checked after the fact (server/doors/shadow.py)
 
     @property
     def stream(self) -> bool:
@@ -103,8 +105,11 @@ async def admit(
         hints_available=state.hint_llm is not None,
     )
     key_policy = "default"
+    share = state.settings.shadow_share
     if state.key_policies is not None:  # 403 for what the API key's policy does not allow
-        key_policy, policy = state.key_policies.enforce(headers, policy)
+        limits, policy = state.key_policies.admit(headers, policy)
+        key_policy = limits.name
+        share = limits.shadow_share if limits.shadow_share is not None else share
     # Every mode: no client-chosen media URL reaches vLLM unchecked (ImageRefused: nothing sent yet).
     changed |= await settle_media_urls(request, state.settings.image_urls, state.image_fetcher)
     if changed:
@@ -122,6 +127,8 @@ async def admit(
         key_policy=key_policy,
         endpoint=door.path,
         request=request,
+        # sampled for a shadow check (server/doors/shadow.py): an off request, at its key's share
+        shadow=policy.mode == "off" and share > 0.0 and random.random() < share,
     )
 
 

@@ -10,6 +10,7 @@
         retries: {min: 1, max: 5}
         max_judge_budget: 20000
         hints: false
+        shadow_share: 0.05          # of its off-mode requests, checked after the fact (server/doors/shadow.py)
 
 Each field limits what a request may ask for; an absent field allows what the server allows. The keys
 of the file are valid API keys beside FAITHPROXY_API_KEYS (server/admission/auth.py asks `KeyPolicies.valid`),
@@ -90,6 +91,8 @@ class KeyPolicy(BaseModel):
     retries: Retries | None = None
     max_judge_budget: int | None = Field(None, ge=0)
     hints: bool | None = None  # false: no hints
+    # The share of this key's off-mode requests checked after the fact; None: FAITHPROXY_SHADOW_SHARE.
+    shadow_share: float | None = Field(None, ge=0.0, le=1.0)
 
     @field_validator("modes", mode="before")
     @classmethod
@@ -221,6 +224,11 @@ class KeyPolicies:
 
     def enforce(self, headers: Mapping[str, str], policy: RequestPolicy) -> tuple[str, RequestPolicy]:
         """(the key policy's name, the request's policy within it), or PolicyForbidden (403)."""
+        limits, policy = self.admit(headers, policy)
+        return limits.name, policy
+
+    def admit(self, headers: Mapping[str, str], policy: RequestPolicy) -> tuple[KeyPolicy, RequestPolicy]:
+        """`enforce`, handing back the key's whole policy (its shadow share too)."""
         limits = self.policy_for(headers)
         try:
             policy = within(limits, headers, policy)
@@ -228,7 +236,7 @@ class KeyPolicies:
             self._count(limits.name, "refused")
             raise
         self._count(limits.name, "admitted")
-        return limits.name, policy
+        return limits, policy
 
     def _count(self, name: str, outcome: str) -> None:
         if self.on_request is not None:

@@ -16,7 +16,9 @@ X-Faithproxy-Request-Id and X-Faithproxy-Mode headers. A stream that breaks, sta
 its door's last event (`data: [DONE]`; Responses: a terminal `response.*` event; Messages: `message_stop`)
 gets a final error frame in the door's format; an upstream that cannot be reached is an HTTP error in
 the door's format. Each request is counted and traced once, like any other, by server/observe/traces.py's
-`finish_request` (a record with no session).
+`finish_request` (a record with no session). A request sampled for a shadow check (`Admitted.shadow`)
+keeps a reference to each chunk it sends and, once finished, is handed to server/doors/shadow.py, which
+checks it later without the client waiting for anything.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Passthrough(Response):
         self.status = 200
         self._finished = False
         self.background = None
+        # a request sampled for a shadow check keeps references to what it sends (server/doors/shadow.py)
+        self.capture = state.shadow.capture_for(admitted) if admitted.shadow and state.shadow is not None else None
 
     def _headers(self, upstream_headers: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
         out = [(b"x-faithproxy-request-id", self.admitted.request_id.encode()), (b"x-faithproxy-mode", b"off")]
@@ -121,6 +125,8 @@ class Passthrough(Response):
         headers.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         await send({"type": "http.response.body", "body": content, "more_body": False})
+        if self.capture is not None:
+            self.capture.add(content)
 
     async def _stream(self, upstream: Any, receive: Receive, send: Send) -> None:
         # vLLM ends every complete event stream with its door's last event (stream_end, else [DONE]): one that
@@ -142,6 +148,7 @@ class Passthrough(Response):
         watcher = asyncio.ensure_future(receive())
         watcher.add_done_callback(lambda w: self._on_client_message(w, task))
         tail = b""
+        capture = self.capture
         try:
             async for data in upstream.iter_raw():
                 if self.ttft is None:
@@ -151,6 +158,8 @@ class Passthrough(Response):
                     complete = any(m in data or m in tail + data[:32] for m in markers)
                 tail = data if len(data) >= 32 else (tail + data)[-32:]  # the stream's last bytes, uncopied
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                if capture is not None:
+                    capture.add(data)
             if markers is None:
                 complete = tail.rstrip().endswith(b"data: [DONE]")
             if watch_end and not complete:
@@ -195,6 +204,9 @@ class Passthrough(Response):
             self.state.metrics.client_disconnects.inc()
         trace = RequestTrace(self.admitted, self.status, self.ttft, self.error, self.disconnected)
         finish_request(trace, self.state.metrics, self.state.tracer)
+        if self.admitted.shadow and self.state.shadow is not None:  # queued or counted, never waited for
+            complete = self.error is None and not self.disconnected and 200 <= self.status < 300
+            self.state.shadow.submit(self.admitted, self.capture, complete=complete)
 
 
 class OffModeMiddleware:

@@ -8,8 +8,9 @@ import logging
 import time
 
 from faithproxy.faithcore.errors import UpstreamError
-from faithproxy.server.observe.metrics import Metrics, upstream_error_label
+from faithproxy.server.observe.metrics import Metrics, ShadowOutcome, Source, upstream_error_label
 from faithproxy.server.observe.otel import record_request
+from faithproxy.server.observe.step_metrics import perception_verdicts
 from faithproxy.server.observe.traces import RequestTrace, TraceWriter
 
 log = logging.getLogger("faithproxy")
@@ -29,6 +30,13 @@ def finish_request(trace: RequestTrace, metrics: Metrics, tracer: TraceWriter) -
     status_class = "disconnected" if trace.disconnected else f"{status // 100}xx"
     metrics.requests.labels(mode, admitted.policy.detector, status_class, admitted.endpoint).inc()
     metrics.request_duration.labels(mode, "true" if admitted.stream else "false", admitted.endpoint).observe(duration)
+    if mode == "off":  # a sampled one is counted by its shadow check's outcome (server/doors/shadow.py)
+        if not getattr(admitted, "shadow", False):
+            model = metrics.model_label(admitted.body.get("model"))
+            metrics.shadow_requests.labels(model, admitted.endpoint, ShadowOutcome.NOT_SAMPLED).inc()
+    elif trace.steps:
+        model = metrics.model_label(admitted.body.get("model"))
+        metrics.count_perception(Source.INLINE, model, admitted.endpoint, perception_verdicts(trace.steps))
     record_request(trace)  # on the request's OpenTelemetry span, when one is recording (server/observe/otel.py)
     if tracer.path is None:  # no record built for a server that writes no traces
         return

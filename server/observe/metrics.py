@@ -33,11 +33,13 @@ steps itself because the step typer found no perception step in their batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from faithproxy.detectors.registry import decision_stages
 from faithproxy.faithcore.context import JudgeUsage
+from faithproxy.faithcore.correction.actions import ResumeOutcome, TryOutcome
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
 
 KINDS = ("perception", "reasoning")
@@ -46,7 +48,7 @@ MODES = ("correct", "detect", "off")
 # budget: the request's judge budget was spent (detectors/judge.py), the step was never sent
 UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "request_failed", "budget")
 RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
-ATTEMPT_OUTCOMES = ("fixed", "still_unfaithful", "unparseable", "error")
+ATTEMPT_OUTCOMES = tuple(TryOutcome)  # the outcomes the machine emits (faithcore/correction/actions.py)
 STEP_OUTCOMES = ("fixed", "failed")
 REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
 # The `endpoint` label is the path of the door a request came through: its values are the app's door
@@ -60,7 +62,7 @@ HINT_OUTCOMES = ("applied", "unusable", "error")
 POLICY_OUTCOMES = ("admitted", "refused")
 # resumed: a broken upstream stream was continued by a new round; exhausted: no attempt was left, the
 # request failed (server/chain/session.py; the rule is faithcore/correction/machine.py's)
-RESUME_OUTCOMES = ("resumed", "exhausted")
+RESUME_OUTCOMES = tuple(ResumeOutcome)
 REPORT_STORE_OPERATIONS = ("write", "read")
 POLICY_RELOAD_RESULTS = ("ok", "failed")
 # The `kind` of faithproxy_judge_tokens_total, each a field of JudgeUsage.
@@ -70,6 +72,41 @@ JUDGE_TOKEN_KINDS = {
     "cache_creation": "cache_creation_tokens",
     "output": "output_tokens",
 }
+
+
+class Source(StrEnum):
+    """Where a perception step's verdict came from: `inline`, checked while it was served (correct,
+    detect); `shadow`, checked after an off-mode request ended (server/doors/shadow.py)."""
+
+    INLINE = "inline"
+    SHADOW = "shadow"
+
+
+class ShadowOutcome(StrEnum):
+    """What became of an off-mode request, as shadow sampling saw it (faithproxy_shadow_requests_total)."""
+
+    NOT_SAMPLED = "not_sampled"  # not drawn at the share
+    CHECKED = "checked"  # verified; its perception steps counted with source="shadow"
+    QUEUE_FULL = "queue_full"  # drawn, but the shadow queue was full: dropped
+    OVER_BUDGET = "over_budget"  # drawn, but the shadow token budget of the minute was spent: dropped
+    UNREADABLE = "unreadable"  # drawn, but nothing to check: failed, cut off, over shadow_max_bytes, no chain
+    FAILED = "failed"  # the check itself failed (the detector, the judge): counted, nothing else lost
+
+
+class RefusalReason(StrEnum):
+    """Why a request was refused before it was served (faithproxy_refusals_total)."""
+
+    AUTHENTICATION = "authentication"  # 401: no valid API key
+    POLICY = "policy"  # 403: the key's policy; 400: a header, body or image the proxy does not take
+    LIMITS = "limits"  # 413, 431, 429: size, concurrency, per-client limits
+    TIMEOUTS = "timeouts"  # 408: headers or body too slow
+
+
+class CallKind(StrEnum):
+    """The upstream calls verification makes, under FAITHPROXY_MAX_CONCURRENT_UPSTREAM_CALLS."""
+
+    JUDGE = "judge"
+    GENERATOR = "generator"  # regenerations and self-checks (the prompt detector) sent to vLLM
 
 
 def detector_error_label(exc: Exception) -> str:
@@ -96,6 +133,7 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 CONNECTION_CLOSE_REASONS = ("header_timeout", "body_timeout", "idle_timeout", "too_many_connections")
 # The `door` of faithproxy_internal_errors_total (server/runtime/internal_errors.py): a door's path, or this.
 NOT_A_DOOR = "other"
+OTHER_MODEL = "other"  # the `model` label of a model the upstream does not list
 
 
 class Metrics:
@@ -306,9 +344,65 @@ class Metrics:
             ["result"],
             registry=registry,
         )
+        self.perception_steps = Counter(
+            "faithproxy_perception_steps_total",
+            "Perception steps by the verdict their original text got, by source (inline: checked as served, "
+            "correct and detect; shadow: checked after an off request ended), model and endpoint: the fleet's "
+            "UPR and its sample size (server/observe/upr_queries.py: the rate with its 95% Wilson interval).",
+            ["source", "model", "endpoint", "verdict"],
+            registry=registry,
+        )
+        self.shadow_requests = Counter(
+            "faithproxy_shadow_requests_total",
+            "Off-mode requests by what shadow sampling did with them (not_sampled, checked, queue_full, "
+            "over_budget, unreadable, failed), by model and endpoint: the sampled share.",
+            ["model", "endpoint", "outcome"],
+            registry=registry,
+        )
+        self.shadow_queue = Gauge(
+            "faithproxy_shadow_queue_depth",
+            "Shadow checks waiting or running (at most FAITHPROXY_SHADOW_QUEUE wait).",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.shadow_tokens = Counter(
+            "faithproxy_shadow_tokens_total",
+            "Tokens shadow checks spent (judge tokens as the judge budget counts them, and generator tokens of "
+            "self-checks), against FAITHPROXY_SHADOW_TOKENS_PER_MINUTE.",
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "faithproxy_refusals_total",
+            "Requests refused before they were served, by reason (authentication, policy, limits, timeouts) "
+            "and endpoint (a door's path, or other).",
+            ["reason", "endpoint"],
+            registry=registry,
+        )
+        for reason in RefusalReason:
+            for endpoint in (*self.endpoints, NOT_A_DOOR):
+                self.refusals.labels(reason, endpoint)
+        self.upstream_calls = Gauge(
+            "faithproxy_upstream_calls_in_flight",
+            "Verification calls open upstream (judge; generator: regenerations and self-checks), under "
+            "FAITHPROXY_MAX_CONCURRENT_UPSTREAM_CALLS.",
+            ["kind"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.upstream_call_waits = Counter(
+            "faithproxy_upstream_call_waits_total",
+            "Verification calls that waited for a free slot under FAITHPROXY_MAX_CONCURRENT_UPSTREAM_CALLS.",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in CallKind:
+            self.upstream_calls.labels(kind)
+            self.upstream_call_waits.labels(kind)
+        self._models: set[str] = set()  # the upstream's models: the only `model` label values but "other"
         self._judges: list[str] = []  # the configured judges, for the series of policies learnt later
         self._preinit(list(detectors))
         self.preinit_judges(judges)
+        self.preinit_fleet_model(OTHER_MODEL)
 
     def preinit_policies(self, names: Iterable[str]) -> None:
         """Create the series of the policy file's policies and of its reloads."""
@@ -363,8 +457,28 @@ class Metrics:
                 for stream in ("true", "false"):
                     self.request_duration.labels(mode, stream, endpoint)
 
+    def model_label(self, model: object) -> str:
+        """A request's `model` label: a model the upstream lists, else "other"."""
+        return model if isinstance(model, str) and model in self._models else OTHER_MODEL
+
+    def count_perception(self, source: Source, model: str, endpoint: str, verdicts: Iterable[str]) -> None:
+        """One checked request's perception steps, each by the verdict its original text got."""
+        for verdict in verdicts:
+            self.perception_steps.labels(source, model, endpoint, verdict).inc()
+
+    def preinit_fleet_model(self, model: str) -> None:
+        """The series of the fleet's UPR (by source and endpoint) and of the sampled share for a model."""
+        for endpoint in self.endpoints:
+            for source in Source:
+                for verdict in VERDICTS:
+                    self.perception_steps.labels(source, model, endpoint, verdict)
+            for outcome in ShadowOutcome:
+                self.shadow_requests.labels(model, endpoint, outcome)
+
     def preinit_model(self, model: str, detectors: Iterable[str]) -> None:
         """Create the UPR series for a model once it is known, so both UPR ratios exist at zero."""
+        self._models.add(model)
+        self.preinit_fleet_model(model)
         for detector in detectors:
             for kind in KINDS:
                 for verdict in VERDICTS:

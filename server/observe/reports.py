@@ -189,13 +189,17 @@ def report(
     timings: dict[str, Any] | None = None,
     explained: list[tuple[str | None, list[str]]] | None = None,
     images: list[dict[str, str]] | None = None,
+    source: str = "inline",
+    key: str | None = None,
 ) -> dict[str, Any]:
     """The report of one request: the `faithfulness` summary a client would have got in the response,
     each step with its text and channel (the stream carried those beside the annotation), how the
     request ended (`completed`, `failed`, `disconnected`) and its error, if any; for a reader (the
     report page, server/observe/report_page.py) the question, the timings, per step the detector's reason and the
     rewrites rejected (`explained`, in step order), and the images: their sha256, and their data URL when
-    the server keeps images (FAITHPROXY_REPORTS_KEEP_IMAGES)."""
+    the server keeps images (FAITHPROXY_REPORTS_KEEP_IMAGES); `source`, inline (checked as served) or
+    shadow (an off request checked afterwards, server/doors/shadow.py); `key`, the name of the API key's
+    policy (never the key), when the caller gave it."""
     steps = [
         {**annotation, "text": text, "channel": channel}
         for annotation, (text, channel) in zip(summary.get("steps", []), texts, strict=False)
@@ -210,6 +214,8 @@ def report(
         "stream": stream,
         "judge": judge,
         "outcome": outcome,
+        "source": source,
+        "key": key,
         "error": error,
         "question": question,
         "timings": timings or {},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 from faithproxy.server.observe.metrics import Metrics
 
@@ -21,3 +23,12 @@ def count_step(m: Metrics, step: Step, detector: str, model: str) -> None:
         m.unchecked.labels(detector, model, step.unchecked_reason or "detector_error").inc()
     if step.residual:
         m.residual.labels(detector, model, step.residual_reason or "unchecked").inc()
+
+
+def perception_verdicts(steps: Iterable[Step]) -> list[str]:
+    """The verdict each perception step's original text got (faithproxy_perception_steps_total's)."""
+    return [
+        (s.first_verdict.faithfulness if s.first_verdict else Faithfulness.UNKNOWN).value
+        for s in steps
+        if s.kind is StepKind.PERCEPTION
+    ]

@@ -1,7 +1,9 @@
 """Trace records: one JSON line per request, appended to a file, safe under concurrent requests, and
 `RequestTrace`, how one request ended (server/observe/finish.py counts it and writes its record).
 
-Schema version 1 (fields): version, id, time (unix seconds, start), model, mode, detector, judge,
+Schema version 1 (fields): version, id, time (unix seconds, start), model, mode, source (inline; shadow: the
+after-the-fact check of an off request, server/doors/shadow.py, written as a second record under the
+request's id, with mode off and the checked steps), detector, judge,
 prompt (the last user message's text), images (sha256 list, never the bytes), steps (index, channel,
 kind, text, original_text, verdict, the detector's reason, attempts, rejected candidates, residual, unchecked_reason,
 detector latency), answer, finish_reason, usage, timings (duration_s, ttft_s, verification_s), error,
@@ -109,6 +111,9 @@ class RequestTrace:
     usage: dict[str, Any] | None = None
     judge_usage: dict[str, Any] | None = None
     verification_s: float = 0.0
+    # inline: the record of a request as served; shadow: the after-the-fact check of an off request
+    # (server/doors/shadow.py), a second record under the same id
+    source: str = "inline"
 
     @property
     def error_record(self) -> dict[str, Any] | None:
@@ -134,6 +139,7 @@ class RequestTrace:
             "time": admitted.started_wall,
             "model": admitted.body.get("model"),
             "mode": policy.mode,
+            "source": self.source,
             "detector": policy.detector,
             "judge": policy.judge,
             "stream": admitted.stream,

@@ -1,0 +1,378 @@
+"""Shadow checks: a share of `off` requests verified after their response has ended, off their path.
+
+An operator who serves most traffic in `off` still wants the UPR of that traffic. A request admitted in
+off mode is drawn at its share (FAITHPROXY_SHADOW_SHARE, or its key's `shadow_share` in the policy file;
+server/admission/admit.py sets `Admitted.shadow`). Off mode (server/doors/off.py) serves it exactly as any
+other: the client's bytes go to vLLM and vLLM's bytes come back, unchanged and unwaited; the only extra
+is a reference to each chunk it sent, kept (up to FAITHPROXY_SHADOW_MAX_BYTES) in a `ShadowCapture`.
+When the response has ended, `ShadowChecker.submit` takes the capture without waiting for anything, and a
+worker later replays the chain through the same driver and machine as `detect` mode (ChainSession, its
+generator a `Replay` of the captured chunks), so the shadow verdicts are the ones `detect` would have given
+on that chain. Only detectors that need nothing from the live stream make sense here (judge, prompt:
+FAITHPROXY_SHADOW_DETECTOR); only the chat-completions door's wire is read.
+
+Bounded everywhere: at most FAITHPROXY_SHADOW_QUEUE checks wait (each holding at most shadow_max_bytes),
+FAITHPROXY_SHADOW_CONCURRENCY run, and a token bucket of FAITHPROXY_SHADOW_TOKENS_PER_MINUTE (judge tokens
+as the judge budget counts them, plus the generator tokens of self-checks) refuses checks once spent.
+Every sampled request ends in exactly one faithproxy_shadow_requests_total outcome (server/observe/metrics.py
+ShadowOutcome); a checked one adds its perception steps to faithproxy_perception_steps_total{source="shadow"},
+writes a trace record with `"source": "shadow"` and puts a report (source shadow) under the request's id.
+A judge that fails leaves its steps unchecked (counted, as in detect mode); a check that fails outright
+is counted `failed`; neither reaches the client, whose response ended before the check began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from faithproxy.clients.sse import SSEBytesDecoder
+from faithproxy.clients.vllm import CHAT_PATH, UpstreamStream
+from faithproxy.faithcore.context import JudgeUsage, RequestView
+from faithproxy.faithcore.images import images_in_messages, last_user_text
+from faithproxy.server.admission.admit import Admitted
+from faithproxy.server.chain.session import CHAT_WIRE, ChainSession
+from faithproxy.server.observe.metrics import Metrics, ShadowOutcome, Source
+from faithproxy.server.observe.reports import report
+from faithproxy.server.observe.step_metrics import perception_verdicts
+from faithproxy.server.observe.summary import summarize
+from faithproxy.server.observe.traces import RequestTrace
+from faithproxy.server.state import AppState
+
+log = logging.getLogger("faithproxy.shadow")
+
+# What a replayed round keeps of a chunk: usage is the original request's, not the check's spend.
+_DROPPED = ("usage",)
+
+
+class ShadowCapture:
+    """The bytes of a sampled off response, referenced as they pass (no copy), up to `limit` bytes; past
+    it the capture is abandoned (`overflow`) and holds nothing."""
+
+    __slots__ = ("limit", "overflow", "parts", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.overflow = False
+
+    def add(self, data: bytes) -> None:
+        if self.overflow:
+            return
+        self.size += len(data)
+        if self.size > self.limit:
+            self.overflow = True
+            self.parts = []
+            return
+        self.parts.append(data)
+
+    def data(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def chat_chunks(data: bytes, stream: bool) -> list[dict[str, Any]]:
+    """The chat chunks of a captured response (vLLM's SSE, or one JSON completion turned into one chunk),
+    without their usage; [] when it holds no choice to read."""
+    if not stream:
+        try:
+            body = json.loads(data)
+            message = body["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return []
+        delta = {k: v for k, v in message.items() if k in ("role", "content", "reasoning", "reasoning_content")}
+        finish = body["choices"][0].get("finish_reason")
+        return [{"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}]
+    decoder = SSEBytesDecoder()
+    chunks = []
+    for event in [*decoder.feed(data), *decoder.flush()]:
+        if event.strip() == b"[DONE]":
+            break
+        try:
+            chunk = json.loads(event)
+        except ValueError:
+            return []
+        if isinstance(chunk, dict) and chunk.get("choices"):
+            chunks.append({k: v for k, v in chunk.items() if k not in _DROPPED})
+    return chunks
+
+
+class _ReplayBody:
+    """An UpstreamBody (clients/vllm.py) that sends what was captured."""
+
+    def __init__(self, data: bytes) -> None:
+        self.status = 200
+        self.headers = {"content-type": "text/event-stream"}
+        self._data = data
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        yield self._data
+
+    async def read(self) -> bytes:
+        return self._data
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class Replay:
+    """The generator a shadow check's session reads its one round from: the captured chunks again."""
+
+    chunks: list[dict[str, Any]]
+
+    @asynccontextmanager
+    async def stream_chat(self, body: dict[str, Any], *, path: str = CHAT_PATH) -> AsyncIterator[UpstreamStream]:
+        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in self.chunks) + b"data: [DONE]\n\n"
+        yield UpstreamStream(_ReplayBody(data))
+
+
+class _ShadowMetrics:
+    """The app's metrics for a shadow session, but for the families a served request's steps are counted in
+    (faithproxy_steps_total and its companions: what clients were served): those go to a private registry,
+    and the check counts its steps itself, with source="shadow". Detector latency and errors, judge calls
+    and tokens are the app's."""
+
+    _PRIVATE = ("steps", "residual", "unchecked", "gated_steps", "regeneration_outcomes", "regeneration_attempts")
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        private = Metrics(CollectorRegistry(auto_describe=False))
+        for name in self._PRIVATE:
+            setattr(self, name, getattr(private, name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._metrics, name)
+
+
+class TokenBucket:
+    """`per_minute` tokens a minute, refilled continuously; a check may start while the bucket holds any
+    (its spend is known only afterwards, so one check may overdraw it, and the next waits for the refill)."""
+
+    def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._level = float(per_minute or 0)
+        self._at = clock()
+
+    def _refill(self) -> float:
+        now = self._clock()
+        if self.per_minute is not None:
+            self._level = min(float(self.per_minute), self._level + (now - self._at) * self.per_minute / 60.0)
+        self._at = now
+        return self._level
+
+    def available(self) -> bool:
+        return self.per_minute is None or self._refill() > 0
+
+    def spend(self, tokens: int) -> None:
+        self._refill()
+        self._level -= tokens
+
+
+@dataclass
+class _Sampled:
+    admitted: Admitted
+    chunks: list[dict[str, Any]]
+    model: str
+
+
+@dataclass
+class ShadowChecker:
+    """Checks sampled off requests in the background (see the module's docstring). `submit` never waits."""
+
+    state: AppState
+    queue_size: int
+    concurrency: int
+    budget: TokenBucket
+    detector: str
+    _waiting: deque[_Sampled] = field(default_factory=deque)
+    _workers: set[asyncio.Task[None]] = field(default_factory=set)
+    _metrics: Any = None
+
+    @classmethod
+    def from_state(cls, state: AppState) -> ShadowChecker:
+        s = state.settings
+        budget = TokenBucket(s.shadow_tokens_per_minute)
+        return cls(state, s.shadow_queue, s.shadow_concurrency, budget, s.shadow_detector)
+
+    def capture_for(self, admitted: Admitted) -> ShadowCapture | None:
+        """A capture for a sampled request this checker can read (the chat wire), else None."""
+        if not admitted.shadow:
+            return None
+        door = self.state.doors.get(admitted.endpoint)
+        if door is None or door.off_path != CHAT_PATH:
+            return None
+        return ShadowCapture(self.state.settings.shadow_max_bytes)
+
+    def submit(self, admitted: Admitted, capture: ShadowCapture | None, *, complete: bool) -> None:
+        """A sampled off request has ended: queue its check, or count why not. `complete`: the response
+        was whole (2xx, not cut off, the client stayed)."""
+        metrics = self.state.metrics
+        model = metrics.model_label(admitted.body.get("model"))
+        outcome = metrics.shadow_requests
+        if capture is None or capture.overflow or not complete:
+            outcome.labels(model, admitted.endpoint, ShadowOutcome.UNREADABLE).inc()
+            return
+        if not self.budget.available():
+            outcome.labels(model, admitted.endpoint, ShadowOutcome.OVER_BUDGET).inc()
+            return
+        if len(self._waiting) >= self.queue_size:
+            outcome.labels(model, admitted.endpoint, ShadowOutcome.QUEUE_FULL).inc()
+            return
+        chunks = chat_chunks(capture.data(), admitted.stream)
+        if not chunks:
+            outcome.labels(model, admitted.endpoint, ShadowOutcome.UNREADABLE).inc()
+            return
+        self._waiting.append(_Sampled(admitted, chunks, model))
+        metrics.shadow_queue.inc()
+        if len(self._workers) < self.concurrency:
+            task = asyncio.get_running_loop().create_task(self._work())
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _work(self) -> None:
+        while self._waiting:
+            item = self._waiting.popleft()
+            try:
+                outcome = await self._check(item)
+            except Exception:  # noqa: BLE001 - a bug in a check must not end the worker or go unseen
+                log.exception("shadow check of %s failed", item.admitted.request_id)
+                outcome = ShadowOutcome.FAILED
+            finally:
+                self.state.metrics.shadow_queue.dec()
+            self.state.metrics.shadow_requests.labels(item.model, item.admitted.endpoint, outcome).inc()
+
+    async def _check(self, item: _Sampled) -> ShadowOutcome:
+        state, admitted = self.state, item.admitted
+        detector = state.detectors.get(self.detector)
+        if detector is None:
+            return ShadowOutcome.FAILED
+        started = time.perf_counter()
+        messages = admitted.body["messages"]
+        images = images_in_messages(messages)
+        policy = dataclasses.replace(admitted.policy, mode="detect", detector=self.detector, hints=False)
+        if detector.uses_judge and state.judge_fetches_images(policy.judge):
+            assert state.image_fetcher is not None
+            images = await state.image_fetcher.fetch_all(images)
+        view = RequestView(
+            request_id=admitted.request_id,
+            model=admitted.body["model"],
+            messages=messages,
+            question=last_user_text(messages),
+            images=images,
+            judge=policy.judge,
+            options=policy.detector_options(),
+        )
+        spent = JudgeUsage()
+        view.judge_state.on_call = functools.partial(self._on_judge_call, spent, admitted.key_policy)
+        if self._metrics is None:
+            self._metrics = _ShadowMetrics(state.metrics)
+        session = ChainSession(
+            settings=state.settings,
+            policy=policy,
+            view=view,
+            generator=Replay(item.chunks),  # type: ignore[arg-type]  # the VLLMClient's stream_chat, replayed
+            detector=detector,
+            regenerator=state.regenerator,
+            metrics=self._metrics,
+            body=admitted.body,
+            model_label=item.model,
+            wire=CHAT_WIRE,
+        )
+        error = None
+        try:
+            async for _ in session.run():
+                pass
+        except Exception as exc:  # noqa: BLE001 - the machine failed the chain (a detector error under `fail`)
+            error = exc
+        result = session.result()
+        generator_tokens = int(result.usage.get("total_tokens") or 0)  # self-checks: the replay carries none
+        self.budget.spend(spent.budget_tokens + generator_tokens)
+        state.metrics.shadow_tokens.inc(spent.budget_tokens + generator_tokens)
+        steps = list(session.steps)
+        state.metrics.count_perception(Source.SHADOW, item.model, admitted.endpoint, perception_verdicts(steps))
+        elapsed = time.perf_counter() - started
+        summary = summarize(
+            steps,
+            mode="detect",
+            detector=self.detector,
+            regenerations=0,
+            verification_s=elapsed,
+            rounds=result.rounds,
+            judge=view.judge_state.summary(),
+        )
+        self._record(admitted, view, steps, summary, elapsed)
+        return ShadowOutcome.FAILED if error is not None else ShadowOutcome.CHECKED
+
+    def _on_judge_call(self, spent: JudgeUsage, policy: str, judge: str, call: JudgeUsage) -> None:
+        spent.add(call)
+        self.state.metrics.count_judge_call(judge, call, policy=policy)
+
+    def _record(
+        self, admitted: Admitted, view: RequestView, steps: list[Any], summary: dict[str, Any], elapsed: float
+    ) -> None:
+        """The check's trace record and report, both marked source shadow."""
+        state = self.state
+        trace = RequestTrace(
+            admitted,
+            question=view.question,
+            image_hashes=[i.sha256 for i in view.images],
+            steps=steps,
+            summary=summary,
+            judge_usage=view.judge_state.summary(),
+            verification_s=elapsed,
+            source=Source.SHADOW,
+        )
+        if state.tracer.path is not None:
+            try:
+                state.tracer.write(trace.record(time.perf_counter() - admitted.started))
+            except OSError:
+                log.exception("could not write the shadow trace of %s", admitted.request_id)
+        if state.reports is not None:
+            state.reports.put(
+                admitted.request_id,
+                report(
+                    request_id=admitted.request_id,
+                    created=admitted.started_wall,
+                    model=admitted.body.get("model"),
+                    stream=admitted.stream,
+                    judge=admitted.policy.judge,
+                    summary=summary,
+                    texts=[(s.text, s.channel.value) for s in steps],
+                    outcome="completed",
+                    error=None,
+                    question=view.question,
+                    timings=trace.timings(),
+                    explained=[(s.first_verdict.reason if s.first_verdict else None, list(s.rejected)) for s in steps],
+                    images=[{"sha256": i.sha256} for i in view.images],
+                    source=Source.SHADOW,
+                    key=admitted.key_policy,
+                ),
+            )
+
+    async def drained(self) -> None:
+        """Returns once no check waits or runs (tests, benchmarks: the checks of what was sent are done)."""
+        while self._workers:
+            await asyncio.wait(list(self._workers))
+
+    async def aclose(self) -> None:
+        """At the lifespan's end: the waiting checks are dropped, the running ones cancelled."""
+        dropped = len(self._waiting)
+        self._waiting.clear()
+        self.state.metrics.shadow_queue.dec(dropped)
+        for task in list(self._workers):
+            task.cancel()
+        if self._workers:
+            await asyncio.wait(list(self._workers))
