@@ -14,6 +14,8 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, disable_created_metrics
 
+from faithproxy.clients.call_gate import CallGate
+from faithproxy.clients.call_gate import install as install_call_gate
 from faithproxy.clients.image_fetch import ImageFetcher
 from faithproxy.clients.judges import build_judge
 from faithproxy.clients.vllm import VLLMClient
@@ -109,6 +111,8 @@ def create_app(
             fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
         _instrument(telemetry, generator, judges, settings)
+        # outside the tracing wrappers: a call's span starts once it has a slot
+        install_call_gate(_call_gate(settings, built_metrics), generator, judges.values())
         if settings.hint_judge is not None and settings.hint_judge not in judges:
             raise ValueError(f"FAITHPROXY_HINT_JUDGE={settings.hint_judge!r} is not one of the configured judges")
         hidden = None
@@ -220,6 +224,20 @@ def create_app(
     if telemetry is not None:  # outermost: every refusal is a traced request too
         app.add_middleware(TracingMiddleware, telemetry=telemetry)
     return app
+
+
+def _call_gate(settings: Settings, built_metrics: list[Metrics]) -> CallGate:
+    """The cap on verification calls upstream (clients/call_gate.py), counted in the app's metrics."""
+
+    def on_wait(kind: str) -> None:
+        if built_metrics:
+            built_metrics[0].upstream_call_waits.labels(kind).inc()
+
+    def on_slots(kind: str, change: int) -> None:
+        if built_metrics:
+            built_metrics[0].upstream_calls.labels(kind).inc(change)
+
+    return CallGate(settings.max_concurrent_upstream_calls, on_wait=on_wait, on_slots=on_slots)
 
 
 def _report_store(settings: Settings, built_metrics: list[Metrics]) -> Reports:

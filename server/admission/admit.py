@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
+from faithproxy.server.admission import refusals
 from faithproxy.server.admission.image_urls import settle_media_urls
 from faithproxy.server.admission.json_guard import load_json
 from faithproxy.server.admission.limits import check_body
@@ -134,9 +135,10 @@ async def admit(
 
 def count_refused(metrics: Metrics, exc: FaithproxyError, endpoint: str) -> None:
     """Counts a request to the door at `endpoint` answered with `exc` before it reached a mode (no mode,
-    no detector yet)."""
+    no detector yet), and the refusal by reason (server/admission/refusals.py)."""
     label = "rejected" if isinstance(exc, PolicyError) else "unknown"
     metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx", endpoint).inc()
+    refusals.count(metrics, exc.status_code, endpoint)
 
 
 # ---- the doors' body parsers ------------------------------------------------------------------

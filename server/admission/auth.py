@@ -24,6 +24,7 @@ from typing import Protocol
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from faithproxy.faithcore.errors import AuthError
+from faithproxy.server.admission.refusals import count_refusal
 from faithproxy.server.protocol.doors import Api
 from faithproxy.server.protocol.errors import door_at, send_error
 
@@ -76,6 +77,7 @@ class APIKeyMiddleware:
         else:
             await self.app(scope, receive, send)
             return
+        count_refusal(scope, error)
         await send_error(scope, receive, send, error, headers={"www-authenticate": "Bearer"})
 
     def valid(self, token: bytes) -> bool:

@@ -42,6 +42,7 @@ from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from faithproxy.faithcore.errors import Overloaded, RequestTimeout
+from faithproxy.server.admission import refusals
 from faithproxy.server.protocol.errors import error_body
 
 if TYPE_CHECKING:
@@ -184,14 +185,25 @@ def too_many_connections(rules: ConnectionRules) -> ASGI3Application:
     return answer  # type: ignore[return-value]
 
 
+# The closes that refuse a request, with the status they answer (an idle keep-alive refuses nothing).
+_REFUSED_WITH = {"header_timeout": 408, "body_timeout": 408, "too_many_connections": 429}
+
+
 def connection_rules(settings: Settings, metrics: Metrics) -> ConnectionRules:
     """The rules of an app's connections, counting closes in its metrics."""
     counter = metrics.client_connections_closed
+
+    def on_close(reason: str) -> None:
+        counter.labels(reason).inc()
+        status = _REFUSED_WITH.get(reason)
+        if status is not None:  # the request was refused too (faithproxy_refusals_total), at no door yet
+            refusals.count(metrics, status, None)
+
     return ConnectionRules(
         header_timeout_s=settings.client_header_timeout_s,
         body_timeout_s=settings.client_body_timeout_s,
         idle_timeout_s=settings.client_idle_timeout_s,
-        on_close=lambda reason: counter.labels(reason).inc(),
+        on_close=on_close,
         max_connections_per_client=settings.max_connections_per_client,
         retry_after_s=settings.retry_after_s,
     )

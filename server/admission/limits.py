@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from faithproxy.faithcore.errors import FaithproxyError, HeadersTooLarge, Overloaded, PayloadTooLarge, PolicyError
 from faithproxy.server.admission.client_gone import serve_while_connected
 from faithproxy.server.admission.media_parts import media_parts
+from faithproxy.server.admission.refusals import count_refusal
 from faithproxy.server.protocol.errors import send_error
 from faithproxy.server.settings import Settings
 
@@ -55,11 +56,14 @@ class RequestSizeMiddleware:
         headers = scope["headers"]
         if sum(len(name) + len(value) for name, value in headers) > self.max_header_bytes:
             error = HeadersTooLarge(f"Request headers exceed {self.max_header_bytes} bytes.", code="headers_too_large")
+            count_refusal(scope, error)
             await send_error(scope, receive, send, error)
             return
         declared = next((value for name, value in headers if name == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await send_error(scope, receive, send, self._too_large())
+            error = self._too_large()
+            count_refusal(scope, error)
+            await send_error(scope, receive, send, error)
             return
         seen = 0
 
@@ -109,6 +113,7 @@ class ConcurrencyLimitMiddleware:
         try:
             body = await read_body(receive)
         except FaithproxyError as exc:  # 413 while reading
+            count_refusal(scope, exc)
             await send_error(scope, receive, send, exc)
             return
         if body is None:
@@ -117,6 +122,7 @@ class ConcurrencyLimitMiddleware:
         error = self._refusal(client)
         if error is not None:
             headers = {"retry-after": str(self.retry_after_s)}
+            count_refusal(scope, error)
             await send_error(scope, replay(body, receive), send, error, headers=headers)
             return
         self.active += 1

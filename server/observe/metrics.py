@@ -37,6 +37,7 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from faithproxy.clients import call_gate
 from faithproxy.detectors.registry import decision_stages
 from faithproxy.faithcore.context import JudgeUsage
 from faithproxy.faithcore.correction.actions import ResumeOutcome, TryOutcome
@@ -103,10 +104,10 @@ class RefusalReason(StrEnum):
 
 
 class CallKind(StrEnum):
-    """The upstream calls verification makes, under FAITHPROXY_MAX_CONCURRENT_UPSTREAM_CALLS."""
+    """The upstream calls verification makes, under FAITHPROXY_MAX_CONCURRENT_UPSTREAM_CALLS (clients/call_gate.py)."""
 
-    JUDGE = "judge"
-    GENERATOR = "generator"  # regenerations and self-checks (the prompt detector) sent to vLLM
+    JUDGE = call_gate.JUDGE
+    GENERATOR = call_gate.GENERATOR  # regenerations, self-checks and hidden-state reads sent to vLLM
 
 
 def detector_error_label(exc: Exception) -> str:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ _env = Environment(
 
 # The labels a step can carry on the page, the filter's choices on the list.
 LABELS = ("faithful", "unfaithful", "unsure", "fixed", "residual", "unchecked", "gated")
+SOURCES = ("inline", "shadow")  # how a listed request was checked (server/observe/metrics.py Source)
+PAGE_ROWS = 50  # rows on one page of the list
 
 
 def step_label(step: dict[str, Any]) -> str | None:
@@ -137,6 +140,8 @@ def _view(source: dict[str, Any], summary: dict[str, Any], steps: list[dict[str,
         "counts": {name: summary.get(name) for name in _COUNTS} if summary else None,
         "regenerations": summary.get("regenerations"),
         "rounds": summary.get("rounds"),
+        "source": source.get("source") or "inline",
+        "key": source.get("key"),
     }
 
 
@@ -186,6 +191,8 @@ def list_row(view: dict[str, Any]) -> dict[str, Any]:
         "upr_detected": counts.get("upr_detected"),
         "upr_residual": counts.get("upr_residual"),
         "labels": sorted({s["label"] for s in view["steps"] if s["label"]}),
+        "source": view["source"],
+        "key": view["key"],
     }
 
 
@@ -204,14 +211,34 @@ def report_row(report: dict[str, Any]) -> dict[str, Any]:
         "upr_detected": summary.get("upr_detected"),
         "upr_residual": summary.get("upr_residual"),
         "labels": sorted({label for label in map(step_label, steps) if label}),
+        "source": report.get("source") or "inline",
+        "key": report.get("key"),
     }
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """The list's filters: the model and the key policy named exactly, the source, and a verdict carried by
+    at least one step. None: any."""
+
+    model: str | None = None
+    verdict: str | None = None
+    key: str | None = None
+    source: str | None = None
+
+    def __call__(self, row: dict[str, Any]) -> bool:
+        if self.model and row.get("model") != self.model:
+            return False
+        if self.key and row.get("key") != self.key:
+            return False
+        if self.source and (row.get("source") or "inline") != self.source:
+            return False
+        return not self.verdict or self.verdict in row.get("labels", ())
 
 
 def matches(row: dict[str, Any], model: str | None, verdict: str | None) -> bool:
     """The list's filters: the model named exactly; a verdict carried by at least one step."""
-    if model and row["model"] != model:
-        return False
-    return not verdict or verdict in row["labels"]
+    return RowFilter(model, verdict)(row)
 
 
 def render_report(view: dict[str, Any], *, list_href: str) -> str:
@@ -226,11 +253,26 @@ def render_list(
     verdict: str | None = None,
     form: bool = True,
     note: str | None = None,
+    filters: RowFilter | None = None,
+    pages: tuple[str | None, str | None] = (None, None),
 ) -> str:
     """`href(id)` links a row to its page; `form` shows the filter form (the server's page; a static
-    file has no server to filter)."""
+    file has no server to filter); `filters` the filters in force (else `model` and `verdict`); `pages`
+    the links to the newer and the older page, if any."""
+    f = filters or RowFilter(model, verdict)
     return _env.get_template("reports.html").render(
-        rows=list(rows), href=href, model=model or "", verdict=verdict or "", labels=LABELS, form=form, note=note
+        rows=list(rows),
+        href=href,
+        model=f.model or "",
+        verdict=f.verdict or "",
+        key=f.key or "",
+        source=f.source or "",
+        labels=LABELS,
+        sources=SOURCES,
+        form=form,
+        note=note,
+        newer=pages[0],
+        older=pages[1],
     )
 
 
@@ -238,8 +280,9 @@ class ListedReports:
     """The server's report store with a list of what this process put, newest first, for GET /reports.
     Everything else is the store's (lookups, closing). The index holds one small row per report, as
     many and for as long as the store keeps reports, so the list costs the store nothing; a row the
-    store has already dropped (a shared store's other replicas filled it) leads to the page's 404. With
-    several workers or replicas each lists its own requests: the store shares reports by id only."""
+    store has already dropped leads to the page's 404. A store that lists its rows itself (Redis:
+    server/observe/reports_redis.py `rows`) lists every replica's requests instead, and this process keeps
+    no index; with a SQLite file each worker lists its own."""
 
     def __init__(
         self, store: Reports, max_rows: int, max_age_s: float, *, clock: Callable[[], float] = time.monotonic
@@ -255,9 +298,11 @@ class ListedReports:
         return getattr(self.store, name)
 
     def put(self, request_id: str, report: dict[str, Any]) -> None:
-        self.store.put(request_id, report)
-        if self.max_rows <= 0:
+        shared = getattr(self.store, "rows", None) is not None
+        if shared or self.max_rows <= 0:
+            self.store.put(request_id, report)
             return
+        self.store.put(request_id, report)
         row = report_row(report)
         with self._lock:
             self._rows.pop(request_id, None)
@@ -266,13 +311,29 @@ class ListedReports:
                 self._rows.popitem(last=False)
 
     def recent(self, *, model: str | None = None, verdict: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest rows first, at most `limit`, those that pass the filters (`matches`)."""
+        """This process's newest rows first, at most `limit`, those that pass the filters (`matches`)."""
+        return self._local(RowFilter(model, verdict))[:limit]
+
+    def _local(self, keep: RowFilter) -> list[dict[str, Any]]:
         with self._lock:
             now = self._clock()
             while self._rows and now - next(iter(self._rows.values()))[0] > self.max_age_s:
                 self._rows.popitem(last=False)
             newest_first = [row for _, row in reversed(self._rows.values())]
-        return [row for row in newest_first if matches(row, model, verdict)][:limit]
+        return [row for row in newest_first if keep(row)]
+
+    async def page(
+        self, keep: RowFilter, page: int = 1, per_page: int = PAGE_ROWS
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Page `page` (from 1) of the rows `keep` accepts, newest first, and whether an older page follows:
+        every replica's when the store lists itself (it may raise ReportsUnavailable), else this process's."""
+        offset = (max(page, 1) - 1) * per_page
+        shared = getattr(self.store, "rows", None)
+        if shared is not None:
+            rows, more = await shared(keep, offset, per_page)
+            return rows, more
+        matched = self._local(keep)
+        return matched[offset : offset + per_page], len(matched) > offset + per_page
 
 
 def read_trace(path: str | Path) -> Iterator[dict[str, Any]]:

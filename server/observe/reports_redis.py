@@ -18,6 +18,10 @@ on the next call, so a Redis that comes back is used again without a restart. A 
 that wrote the report waits for that write, if it is still in flight; another replica sees it once
 the write has landed, a millisecond or so after the response ended.
 
+Every replica lists every replica's reports (GET /reports): beside each report the write stores its row
+of the list (a few hundred bytes, with the same expiry and trimmed with it), and `rows` walks the index
+from the newest, filtering rows as it goes, up to one page.
+
 The client belongs to the event loop that first used it (redis.asyncio's connections do);
 `aclose()`, at the end of the app's lifespan, closes it, and the next use opens a new one.
 """
@@ -25,6 +29,7 @@ The client belongs to the event loop that first used it (redis.asyncio's connect
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,14 +40,18 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from faithproxy.server.observe.report_page import report_row
 from faithproxy.server.observe.reports import ReportsUnavailable, encode
 
 log = logging.getLogger("faithproxy.reports")
 
 PREFIX = "faithproxy:reports:"
 INDEX = PREFIX + "index"  # a sorted set: report ids scored by the time they were stored (µs)
+ROWS = "faithproxy:report-rows:"  # each report's row of the list (GET /reports), beside it, with its expiry
+SCAN_BATCH = 200  # ids read from the index per round trip while a listing looks for its page
 
-# KEYS[1] the index, KEYS[2] the report's key; ARGV id, report, max age (ms), max count, key prefix.
+# KEYS[1] the index, KEYS[2] the report's key, KEYS[3] its row's; ARGV id, report, max age (ms), max count,
+# key prefix, row, row prefix.
 # Redis's TIME is the one clock all replicas share. Scores are whole microseconds (exact in a double);
 # the index drops those stored more than the age ago, as the key's expiry does. The keys of trimmed
 # reports are built here from the prefix (not declared in KEYS): fine on one Redis, not on a Cluster.
@@ -51,12 +60,13 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local age_ms = tonumber(ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', age_ms)
+redis.call('SET', KEYS[3], ARGV[6], 'PX', age_ms)
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - age_ms * 1000 - 1)
 local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[4])
 if over > 0 then
   for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do
-    redis.call('DEL', ARGV[5] .. id)
+    redis.call('DEL', ARGV[5] .. id, ARGV[7] .. id)
   end
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
 end
@@ -113,15 +123,17 @@ class RedisReportStore:
             self._loop = loop
         return self._client, self._put_script
 
-    def put(self, request_id: str, report: dict[str, Any]) -> None:
-        """Starts the write and returns at once (called when a request finishes, in the event loop)."""
+    def put(self, request_id: str, report: dict[str, Any], row: dict[str, Any] | None = None) -> None:
+        """Starts the write and returns at once (called when a request finishes, in the event loop). `row`:
+        the report's line in the list (server/observe/report_page.py `report_row`), made here when not given."""
         if self.max_count <= 0:
             return
         if len(self._pending) >= self.max_pending:
             log.warning("report %s not stored: %d writes to Redis already waiting", request_id, len(self._pending))
             self._on_error("write")
             return
-        task = asyncio.get_running_loop().create_task(self._write(request_id, encode(report)))
+        row = report_row(report) if row is None else row
+        task = asyncio.get_running_loop().create_task(self._write(request_id, encode(report), encode(row)))
         self._pending[request_id] = task
         task.add_done_callback(lambda done: self._forget(request_id, done))
 
@@ -129,12 +141,12 @@ class RedisReportStore:
         if self._pending.get(request_id) is task:
             del self._pending[request_id]
 
-    async def _write(self, request_id: str, encoded: bytes) -> None:
-        args = [request_id, encoded, max(1, round(self.max_age_s * 1000)), self.max_count, PREFIX]
+    async def _write(self, request_id: str, encoded: bytes, row: bytes) -> None:
+        args = [request_id, encoded, max(1, round(self.max_age_s * 1000)), self.max_count, PREFIX, row, ROWS]
         try:
             async with asyncio.timeout(self.timeout_s):
                 _, script = self._redis()
-                await script(keys=[INDEX, PREFIX + request_id], args=args)
+                await script(keys=[INDEX, PREFIX + request_id, ROWS + request_id], args=args)
         except _FAILURES as exc:
             log.warning("report %s not stored in Redis: %s", request_id, str(exc) or type(exc).__name__)
             self._on_error("write")
@@ -157,6 +169,40 @@ class RedisReportStore:
                 code="reports_unavailable",
             ) from exc
         return None if value is None else bytes(value)
+
+    async def rows(
+        self, keep: Callable[[dict[str, Any]], bool], offset: int, limit: int
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The rows of every replica's reports, newest first, that `keep` accepts: `limit` of them after the
+        first `offset`, and whether more follow. Reads the index in batches, at most the store's count of
+        ids; ReportsUnavailable when Redis cannot be asked."""
+        out: list[dict[str, Any]] = []
+        matched = 0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                client, _ = self._redis()
+                for start in range(0, max(self.max_count, 1), SCAN_BATCH):
+                    ids = await client.zrevrange(INDEX, start, start + SCAN_BATCH - 1)
+                    if not ids:
+                        break
+                    for raw in await client.mget([ROWS.encode() + i for i in ids]):
+                        if raw is None:  # expired or trimmed since the index was read
+                            continue
+                        row = json.loads(raw)
+                        if not keep(row):
+                            continue
+                        matched += 1
+                        if matched > offset:
+                            out.append(row)
+                        if len(out) > limit:
+                            return out[:limit], True
+        except _FAILURES as exc:
+            log.warning("report list not read from Redis: %s", str(exc) or type(exc).__name__)
+            self._on_error("read")
+            raise ReportsUnavailable(
+                "The report store (Redis) cannot be reached; try again shortly.", code="reports_unavailable"
+            ) from exc
+        return out, False
 
     async def aclose(self) -> None:
         """Lets the writes in flight finish (each is bounded), then closes this loop's client."""

@@ -259,7 +259,8 @@ async def test_the_redis_store_keeps_the_newest_reports_up_to_its_count(redis_ur
     finally:
         await store.aclose()
     keys = {key.decode() for key in redis_keys(redis_url)}
-    assert keys == {INDEX, "faithproxy:reports:r1", "faithproxy:reports:r3"}  # trimmed ones deleted
+    rows = {"faithproxy:report-rows:r1", "faithproxy:report-rows:r3"}  # each report's row of the list
+    assert keys == {INDEX, "faithproxy:reports:r1", "faithproxy:reports:r3", *rows}  # trimmed ones deleted
 
 
 async def test_the_redis_store_forgets_reports_older_than_its_age(redis_url: str) -> None:

@@ -57,7 +57,8 @@ def test_finish_request_counts_and_writes_one_record(tmp_path: Path) -> None:
     finish_request(RequestTrace(_admitted("detect"), disconnected=True), metrics, TraceWriter(None))
     (record,) = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert list(record) == [
-        *("version", "id", "time", "model", "mode", "detector", "judge", "stream", "prompt", "images", "steps"),
+        *("version", "id", "time", "model", "mode", "source", "detector", "judge", "stream", "prompt", "images"),
+        "steps",
         *("answer", "reasoning", "summary", "usage", "judge_usage", "timings", "hints", "disconnected", "error"),
     ]
     assert (record["id"], record["time"], record["mode"], record["stream"]) == ("ab" * 12, 1700000000.0, "off", True)
