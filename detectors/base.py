@@ -59,7 +59,7 @@ class Detector(abc.ABC):
     uses_judge: ClassVar[bool] = False
     # True when its verdicts carry information (`none` passes every step unchecked: its UNKNOWN verdicts
     # are counted with reason `detector_none`, not as detector errors).
-    checks: ClassVar[bool] = True
+    gives_verdicts: ClassVar[bool] = True
     # Its per-request options (header, key, parser, server setting): the server's header table reads
     # them, so a new option needs no change in server/.
     options: ClassVar[tuple[DetectorOption, ...]] = ()

@@ -18,7 +18,7 @@ class NoneDetector(Detector):
 
     name: ClassVar[str] = "none"
     description: ClassVar[str] = "no detection: every step is passed unchecked"
-    checks: ClassVar[bool] = False
+    gives_verdicts: ClassVar[bool] = False
 
     async def check(self, view: RequestView, new_steps: list[Step]) -> CheckResult:
         return CheckResult(tuple(Verdict(Faithfulness.UNKNOWN, self.name, reason="detector_none") for _ in new_steps))

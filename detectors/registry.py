@@ -1,7 +1,7 @@
 """Detectors by name: what `X-Faithproxy-Detector` may say and `faithproxy detectors` lists.
 
 Entries are lazy (importing the judge pulls in its prompt and backends); unknown names get a "did you
-mean". `build_detectors` builds every available detector whose dependencies are present, each by its
+mean". `build_detectors` builds every registered detector whose dependencies are present, each by its
 own `Detector.from_deps`, in registration order: a detector made of others (the cascade) comes after
 them. `declared_options` and `decision_stages` gather what the registered detectors declare on their
 classes (their per-request options, their metric labels), so that the server asks the registry and never
@@ -48,9 +48,9 @@ def resolve(name: str) -> type[Detector]:
 
 
 def build_detectors(deps: DetectorDeps) -> dict[str, Detector]:
-    """One instance of every available detector whose dependencies are present."""
+    """One instance of every registered detector whose dependencies are present."""
     built: dict[str, Detector] = {}
-    for name in DETECTORS.available():
+    for name in DETECTORS:
         detector = DETECTORS.resolve(name).from_deps(deps, built)
         if detector is not None:
             built[name] = detector
@@ -65,7 +65,7 @@ def declared_options() -> tuple[DetectorOption, ...]:
     cached = _DECLARED.get(entries)
     if cached is None:
         seen: dict[str, DetectorOption] = {}
-        for name in DETECTORS.available():
+        for name in DETECTORS:
             for option in DETECTORS.resolve(name).options:
                 seen.setdefault(option.header, option)
         cached = _DECLARED[entries] = tuple(seen.values())
@@ -78,6 +78,6 @@ _DECLARED: dict[tuple[tuple[str, Entry], ...], tuple[DetectorOption, ...]] = {}
 def decision_stages() -> tuple[str, ...]:
     """Every stage a registered detector may report a decision for (DetectorDeps.on_cascade_decision)."""
     stages: dict[str, None] = {}
-    for name in DETECTORS.available():
+    for name in DETECTORS:
         stages.update(dict.fromkeys(DETECTORS.resolve(name).decision_stages))
     return tuple(stages)

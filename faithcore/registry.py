@@ -8,8 +8,7 @@ is imported until a name is resolved, so listing the table, or using one entry, 
 dependencies of the others (the judge backends each import a vendor SDK).
 
 `resolve(name)` imports the target and checks that it is what the table holds; an unknown name raises
-`UnknownName` with the closest known name as a suggestion; an entry marked `available=False` is listed
-(it is planned) but refused.
+`UnknownName` with the closest known name as a suggestion.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ T = TypeVar("T")
 class Entry:
     target: str  # "package.module:attr", or "package.module" for the module itself
     description: str
-    available: bool = True  # planned implementations are listed but refused until they exist
 
 
 class UnknownName(KeyError, ValueError):
@@ -47,10 +45,6 @@ class UnknownName(KeyError, ValueError):
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return self.message
-
-
-class NotAvailable(LookupError):
-    """A listed entry that is planned but not built yet."""
 
 
 class Registry(dict[str, Entry], Generic[T]):
@@ -82,11 +76,9 @@ class Registry(dict[str, Entry], Generic[T]):
         return entry
 
     def resolve(self, name: str) -> T:
-        """The implementation registered as `name`, imported; UnknownName, NotAvailable, or TypeError when
-        the target is not a `base`."""
+        """The implementation registered as `name`, imported; UnknownName, or TypeError when the target
+        is not a `base`."""
         entry = self.entry(name)
-        if not entry.available:
-            raise NotAvailable(f"{self.kind} {name!r} is planned but not built yet")
         module_name, _, attr = entry.target.partition(":")
         target: Any = importlib.import_module(module_name)
         if attr:
@@ -99,11 +91,7 @@ class Registry(dict[str, Entry], Generic[T]):
             raise TypeError(f"{entry.target} is not a {self.base.__name__}")
         return target  # type: ignore[no-any-return]
 
-    def available(self) -> list[str]:
-        """The names that can be resolved, in registration order."""
-        return [name for name, entry in self.items() if entry.available]
-
-    def listing(self) -> list[tuple[str, str, str]]:
-        """(name, "available" or "planned", description) per entry, for `faithproxy detectors` and the
-        like; imports nothing."""
-        return [(name, "available" if e.available else "planned", e.description) for name, e in self.items()]
+    def listing(self) -> list[tuple[str, str]]:
+        """(name, description) per entry, in registration order, for `faithproxy detectors` and the like;
+        imports nothing."""
+        return [(name, e.description) for name, e in self.items()]

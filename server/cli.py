@@ -96,8 +96,8 @@ def _segment(args: argparse.Namespace) -> int:
 def _detectors(args: argparse.Namespace) -> int:
     from faithproxy.detectors.registry import DETECTORS
 
-    for name, state, description in DETECTORS.listing():
-        print(f"{name:<8} {state:<10} {description}")
+    for name, description in DETECTORS.listing():
+        print(f"{name:<8} {description}")
     return 0
 
 

@@ -57,7 +57,7 @@ for info in pkgutil.walk_packages(faithproxy.server.__path__, "faithproxy.server
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.regenerators.registry import REGENERATORS
 for registry in (DETECTORS, REGENERATORS):
-    for name in registry.available():
+    for name in registry:
         registry.resolve(name)
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings

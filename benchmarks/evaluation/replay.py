@@ -88,8 +88,6 @@ def make_detector(
         except KeyError as exc:  # the registry's message, with its "did you mean"
             raise ReplayError(str(exc.args[0])) from exc
     assert entry is not None
-    if not entry.available:
-        raise ReplayError(f"detector {name!r} is planned but not built yet")
     cls = resolve(name)
     uses_judges = cls.uses_judge
     built = build_detectors(

@@ -8,7 +8,9 @@ step's outcome and keeps the request's usage; it imports no I/O and writes into 
     events.py   what the machine is told        actions.py  what it asks for
     rounds.py   one upstream round: deltas → steps (segmenter, step typer)
     phase.py    the explicit phase and its transition table
-    rules.py    the rules of one request        machine.py  the machine itself
+    rules.py    the rules of one request
+    machine.py  what both modes share (ChainMachine): rounds, budget, checks, outcomes, the continuation
+    correct.py  correct mode's story (CorrectMachine)   detect.py  detect mode's (DetectMachine)
     result.py   the immutable record of a finished (or failed) chain
     wire.py     an OpenAI chat-completions chunk as events (one wire format; other doors add theirs)
 """
@@ -24,11 +26,16 @@ from faithproxy.faithcore.correction.actions import (
     EmitText,
     EmitVerdicts,
     Fail,
+    Note,
     Regenerate,
-    Resumed,
+    RegenerationNote,
+    ResumeNote,
+    ResumeOutcome,
     StartRound,
-    Tried,
+    TryOutcome,
 )
+from faithproxy.faithcore.correction.correct import CorrectMachine
+from faithproxy.faithcore.correction.detect import DetectMachine
 from faithproxy.faithcore.correction.events import (
     Checked,
     Delta,
@@ -38,7 +45,7 @@ from faithproxy.faithcore.correction.events import (
     RoundEnd,
     RoundFailed,
 )
-from faithproxy.faithcore.correction.machine import CorrectionCore
+from faithproxy.faithcore.correction.machine import ChainMachine
 from faithproxy.faithcore.correction.phase import Phase
 from faithproxy.faithcore.correction.result import ChainResult
 from faithproxy.faithcore.correction.rules import Rules
@@ -49,7 +56,9 @@ __all__ = [
     "ChainResult",
     "Check",
     "Checked",
-    "CorrectionCore",
+    "ChainMachine",
+    "CorrectMachine",
+    "DetectMachine",
     "Delta",
     "DropRound",
     "Emit",
@@ -63,10 +72,19 @@ __all__ = [
     "Phase",
     "Regenerate",
     "Regenerated",
-    "Resumed",
+    "Note",
+    "RegenerationNote",
+    "ResumeNote",
+    "ResumeOutcome",
     "RoundEnd",
     "RoundFailed",
     "Rules",
     "StartRound",
-    "Tried",
+    "TryOutcome",
+    "new_machine",
 ]
+
+
+def new_machine(rules: Rules) -> ChainMachine:
+    """The machine of one request, in its mode's story."""
+    return DetectMachine(rules) if rules.mode == "detect" else CorrectMachine(rules)

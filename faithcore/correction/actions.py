@@ -2,13 +2,14 @@
 
 Emit* go to the client (the door renders them in its own wire format); StartRound / DropRound open and
 close an upstream stream; Check and Regenerate ask for a detector or regenerator call whose result comes
-back as an event; Tried reports a regeneration try's outcome and Resumed an upstream break the machine
-continued after (both for the driver to count); Fail ends the
-request with an error after whatever was emitted; WAIT means nothing can be done before the next event.
+back as an event; the notes (RegenerationNote, ResumeNote) report a regeneration try's outcome and an
+upstream break, for the driver to count; Fail ends the request with an error after whatever was
+emitted; WAIT means nothing can be done before the next event.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,12 +49,12 @@ Emit = EmitText | EmitExtra | EmitVerdicts | EmitEnd
 
 @dataclass(frozen=True)
 class StartRound:
-    """Open an upstream stream. `accepted` is None for the first round; for a continuation it is the
-    accepted raw text per channel, `continuation` the partial assistant message the reasoning format
-    makes of it and whether the round starts after the think block, and `max_tokens` what is left of the
-    client's completion budget (None: the client set none)."""
+    """Open an upstream stream. `prefix` is None for the first round; for a continuation it is the raw
+    text per channel the client has received (the round writes on after it), `continuation` the partial
+    assistant message the reasoning format makes of it and whether the round starts after the think
+    block, and `max_tokens` what is left of the client's completion budget (None: the client set none)."""
 
-    accepted: dict[Channel, str] | None = None
+    prefix: dict[Channel, str] | None = None
     max_tokens: int | None = None
     continuation: Continuation | None = None
 
@@ -81,24 +82,46 @@ class Regenerate:
     accepted: tuple[Step, ...] = ()
 
 
+class TryOutcome(enum.StrEnum):
+    """How a regeneration try ended (the label values of faithproxy_regeneration_attempts_total)."""
+
+    FIXED = "fixed"  # the candidate passed the check: it replaces the step
+    STILL_UNFAITHFUL = "still_unfaithful"  # the candidate was flagged too
+    UNPARSEABLE = "unparseable"  # the regenerator's reply held no candidate
+    ERROR = "error"  # the regenerator failed
+    INSISTED = "insisted"  # the model restated the flagged step: it is kept, no further try is spent
+
+
+class ResumeOutcome(enum.StrEnum):
+    """What became of an upstream break (the label values of faithproxy_upstream_resumes_total)."""
+
+    RESUMED = "resumed"  # a new round continues the chain from where it stood
+    EXHAUSTED = "exhausted"  # no attempt was left: the request fails
+
+
+# Notes: facts the machine reports for the driver to count and record; they ask for nothing.
+
+
 @dataclass(frozen=True)
-class Tried:
-    """A regeneration try ended: fixed | still_unfaithful | unparseable | error."""
+class RegenerationNote:
+    """A regeneration try of `step` ended (`attempt` counts from 1)."""
 
     step: Step
     attempt: int
-    outcome: str
+    outcome: TryOutcome
 
 
 @dataclass(frozen=True)
-class Resumed:
-    """The upstream stream broke mid-round (`error`): `outcome` "resumed" when a new round continues the
-    chain from where it stood (the StartRound follows; `attempt` counts from 1), "exhausted" when no
-    attempt was left (the Fail follows). For the driver to count and record."""
+class ResumeNote:
+    """The upstream stream broke mid-round (`error`): RESUMED (the StartRound follows; `attempt` counts
+    from 1) or EXHAUSTED (the Fail follows)."""
 
     attempt: int
-    outcome: str
+    outcome: ResumeOutcome
     error: BaseException
+
+
+Note = RegenerationNote | ResumeNote
 
 
 @dataclass(frozen=True)
@@ -115,4 +138,4 @@ class _Wait:
 
 WAIT = _Wait()  # nothing to do until the next event is received
 
-Action = Emit | StartRound | DropRound | Check | Regenerate | Tried | Resumed | Fail | _Wait
+Action = Emit | StartRound | DropRound | Check | Regenerate | Note | Fail | _Wait

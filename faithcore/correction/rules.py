@@ -21,7 +21,7 @@ class Rules:
     max_regenerations: int = 16  # regeneration tries one request may spend
     max_batch_steps: int = 16
     on_detector_error: Literal["pass", "fail"] = "pass"
-    detector_checks: bool = True  # Detector.checks: False for `none`, whose UNKNOWN is no error
+    detector_gives_verdicts: bool = True  # Detector.gives_verdicts: False for `none`, whose UNKNOWN is no error
     detector_types_steps: bool = False  # Detector.types_steps: it gets batches without perception steps
     # The judge gate (Settings.judge_every_step off): a batch in which the step typer found no perception
     # step goes to no detector, not even one that types steps itself; its steps leave unchecked, `gated`.

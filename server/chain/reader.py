@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from faithproxy.clients.vllm import CHAT_PATH, VLLMClient
-from faithproxy.faithcore.correction import CorrectionCore, RoundFailed
+from faithproxy.faithcore.correction import ChainMachine, RoundFailed
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import FaithproxyError
 
@@ -34,7 +34,7 @@ class RoundReader:
 
     generator: VLLMClient
     body: dict[str, Any]
-    core: CorrectionCore
+    core: ChainMachine
     round: int
     wake: Callable[[], None]
     path: str = CHAT_PATH  # the door's upstream path

@@ -8,7 +8,7 @@ counts what the machine decided.
 
 correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect
 mode runs a checker task beside the rounds: text goes out as it arrives, verdicts follow as each batch is
-checked. A round whose stream broke is resumed when the machine says so (Resumed, then DropRound and
+checked. A round whose stream broke is resumed when the machine says so (a ResumeNote, then DropRound and
 StartRound like any continuation); the session counts it in faithproxy_upstream_resumes_total.
 """
 
@@ -30,7 +30,6 @@ from faithproxy.faithcore.correction import (
     ChainResult,
     Check,
     Checked,
-    CorrectionCore,
     DropRound,
     Emit,
     EmitEnd,
@@ -38,12 +37,14 @@ from faithproxy.faithcore.correction import (
     EmitText,
     EmitVerdicts,
     Fail,
+    Note,
     Regenerate,
     Regenerated,
-    Resumed,
+    RegenerationNote,
+    ResumeOutcome,
     Rules,
     StartRound,
-    Tried,
+    new_machine,
 )
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import DetectorError, RegenerationError
@@ -122,7 +123,7 @@ class ChainSession:
             reasoning_format = self.wire.reasoning_format(self._reasoning_format())
             self.view = dataclasses.replace(self.view, reasoning_format=reasoning_format)
         self.reasoning_format = self.view.reasoning_format
-        self.core = CorrectionCore(self.rules(self.reasoning_format))
+        self.core = new_machine(self.rules(self.reasoning_format))
 
     def _reasoning_format(self) -> ReasoningFormat:
         """Where the model writes its thinking: the request's header, else the server's setting."""
@@ -140,7 +141,7 @@ class ChainSession:
             max_regenerations=self.settings.max_regenerations_per_request,
             max_batch_steps=self.settings.max_batch_steps,
             on_detector_error=self.policy.on_detector_error,
-            detector_checks=self.detector.checks,
+            detector_gives_verdicts=self.detector.gives_verdicts,
             detector_types_steps=self.detector.types_steps,
             gate_without_perception=not self.settings.judge_every_step,
             completion_budget=limit if isinstance(limit, int) else None,
@@ -187,7 +188,7 @@ class ChainSession:
                     core.receive(await self._regenerate(action))
                 elif isinstance(action, Fail):
                     raise action.error
-                elif isinstance(action, Tried | Resumed):
+                elif isinstance(action, Note):
                     await self._note(action)
                 elif self._deliver(action):
                     yield action
@@ -203,13 +204,13 @@ class ChainSession:
             for helper in helpers:
                 await _cancel(helper)
 
-    async def _note(self, action: Tried | Resumed) -> None:
+    async def _note(self, action: Note) -> None:
         """Counts a regeneration try or an upstream break; a resume waits before its round starts."""
-        if isinstance(action, Tried):
+        if isinstance(action, RegenerationNote):
             self.metrics.regeneration_attempts.labels(action.outcome).inc()
             return
         self.metrics.upstream_resumes.labels(action.outcome).inc()
-        if action.outcome == "resumed":
+        if action.outcome is ResumeOutcome.RESUMED:
             await asyncio.sleep(RESUME_BACKOFF_S[min(action.attempt, len(RESUME_BACKOFF_S)) - 1])
 
     def _wake(self) -> None:

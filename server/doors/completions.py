@@ -50,10 +50,10 @@ def completions_round_body(client_body: dict[str, Any], start: StartRound) -> di
     body = {k: v for k, v in client_body.items() if k not in ("stream", "stream_options")}
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}  # usage of every round is added up
-    if start.continuation is None or start.accepted is None:
+    if start.continuation is None or start.prefix is None:
         return body
-    accepted = start.accepted.get(Channel.REASONING, "") + start.accepted.get(Channel.CONTENT, "")
-    body["prompt"] = (prompt_text(client_body) or "") + accepted
+    prefix = start.prefix.get(Channel.REASONING, "") + start.prefix.get(Channel.CONTENT, "")
+    body["prompt"] = (prompt_text(client_body) or "") + prefix
     if start.max_tokens is not None:
         body["max_tokens"] = start.max_tokens
     return body

@@ -173,7 +173,7 @@ def chat_parameters(settings: Settings, served: Collection[str] | None = None) -
     """The X-Faithproxy-* headers, with the values this server accepts: `served` names the detectors it
     built; without it (no lifespan has run yet), the available ones minus those needing an absent judge."""
     if served is None:
-        served = [name for name in DETECTORS.available() if settings.judges or not DETECTORS.resolve(name).uses_judge]
+        served = [name for name in DETECTORS if settings.judges or not DETECTORS.resolve(name).uses_judge]
     detectors = sorted(served)
     parameters = [
         _header(HEADER_MODE, "correct | detect | off", {"type": "string", "enum": ["correct", "detect", "off"]}),

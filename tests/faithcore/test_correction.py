@@ -20,9 +20,9 @@ import pytest
 from faithproxy.faithcore.context import Usage
 from faithproxy.faithcore.correction import (
     WAIT,
+    ChainMachine,
     Check,
     Checked,
-    CorrectionCore,
     Delta,
     DropRound,
     EmitEnd,
@@ -34,12 +34,13 @@ from faithproxy.faithcore.correction import (
     Fail,
     Regenerate,
     Regenerated,
-    Resumed,
+    RegenerationNote,
+    ResumeNote,
     RoundEnd,
     RoundFailed,
     Rules,
     StartRound,
-    Tried,
+    new_machine,
 )
 from faithproxy.faithcore.errors import DetectorError, RegenerationError, UpstreamError
 from faithproxy.faithcore.segmenter import StepSegmenter
@@ -157,9 +158,9 @@ def regeneration_down() -> Regenerated:
 def line(action: Any) -> str:
     """An action as one short line."""
     if isinstance(action, StartRound):
-        if action.accepted is None:
+        if action.prefix is None:
             return "start"
-        parts = [f"{c.value}={t!r}" for c, t in action.accepted.items() if t]
+        parts = [f"{c.value}={t!r}" for c, t in action.prefix.items() if t]
         if action.max_tokens is not None:
             parts.append(f"max={action.max_tokens}")
         return " ".join(["continue", *parts])
@@ -169,7 +170,7 @@ def line(action: Any) -> str:
         return ("recheck " if action.candidate else "check ") + " | ".join(s.text for s in action.steps)
     if isinstance(action, Regenerate):
         return f"regenerate {action.step.text} #{action.attempt}"
-    if isinstance(action, Tried):
+    if isinstance(action, RegenerationNote):
         return f"tried #{action.attempt} {action.outcome}"
     if isinstance(action, EmitText):
         where = "" if action.field == "content" else f"[{action.field}]"
@@ -180,7 +181,7 @@ def line(action: Any) -> str:
         return "verdicts " + " | ".join(s.text for s in action.steps)
     if isinstance(action, EmitEnd):
         return f"end {action.finish_reason}"
-    if isinstance(action, Resumed):
+    if isinstance(action, ResumeNote):
         return f"resumed #{action.attempt} {action.outcome}"
     assert isinstance(action, Fail)
     return f"fail {type(action.error).__name__}"
@@ -205,13 +206,13 @@ def outcome(step: Step) -> str:
 @dataclass
 class Played:
     lines: list[str]
-    core: CorrectionCore
+    core: ChainMachine
     over: bool
     checks: list[Check] = field(default_factory=list)
 
 
 def play(script: list[Event | tuple[Event, ...]], **overrides: Any) -> Played:
-    core = CorrectionCore(rules(**overrides))
+    core = new_machine(rules(**overrides))
     lines: list[str] = []
     checks: list[Check] = []
     over = False
@@ -539,7 +540,7 @@ CORRECT = [
             ("One circle.", "unknown/unknown residual:unchecked unchecked:detector_none"),
             ("So A.", "unknown/unknown"),
         ],
-        {"detector_checks": False},
+        {"detector_gives_verdicts": False},
     ),
     Case(
         "detector-types-a-reasoning-step-as-perception",
@@ -1047,7 +1048,7 @@ def test_a_check_is_given_the_steps_accepted_before_it() -> None:
 
 
 def test_the_regeneration_prefix_is_the_accepted_text() -> None:
-    core = CorrectionCore(rules())
+    core = new_machine(rules())
     assert isinstance(core.next_action(), StartRound)
     for item in (p("One circle."), p("It is blue.")):
         core.receive(item)
@@ -1068,7 +1069,7 @@ def test_items_of_a_dropped_round_are_ignored() -> None:
 
 
 def test_results_nobody_asked_for_are_refused() -> None:
-    core = CorrectionCore(rules())
+    core = new_machine(rules())
     with pytest.raises(RuntimeError):
         core.receive(verdicts("F"))
     with pytest.raises(RuntimeError):

@@ -1,7 +1,7 @@
 """The machine's resume rule: a round whose upstream stream broke after its first token is continued by a
 new round from what the client already has, at most `resume_attempts` times per request.
 
-Scripts and lines as in test_correction.py (same helpers); `resumed #n outcome` is the Resumed action
+Scripts and lines as in test_correction.py (same helpers); `resumed #n outcome` is the ResumeNote action
 the driver counts.
 """
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from faithproxy.faithcore.correction import WAIT, Check, Checked, CorrectionCore, EmitEnd, EmitExtra, EmitText, Rules
+from faithproxy.faithcore.correction import (
+    WAIT,
+    ChainMachine,
+    Check,
+    Checked,
+    EmitEnd,
+    EmitExtra,
+    EmitText,
+    Rules,
+    new_machine,
+)
 from faithproxy.faithcore.correction.phase import Phase, Trigger, advance
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.types import Channel, Faithfulness, StepKind, Verdict
@@ -30,8 +40,8 @@ RECORDED = [
 ]
 
 
-def run(mode: str) -> tuple[list[object], CorrectionCore]:
-    core, wire = CorrectionCore(Rules(mode, "d", max_batch_steps=16)), ChatChunkReader()
+def run(mode: str) -> tuple[list[object], ChainMachine]:
+    core, wire = new_machine(Rules(mode, "d", max_batch_steps=16)), ChatChunkReader()
     actions: list[object] = []
 
     def take() -> None:

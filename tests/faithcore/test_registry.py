@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from faithproxy.faithcore.registry import Entry, NotAvailable, Registry, UnknownName
+from faithproxy.faithcore.registry import Entry, Registry, UnknownName
 
 
 def mappings() -> Registry[type[dict]]:
@@ -20,7 +20,6 @@ def mappings() -> Registry[type[dict]]:
             "ordered": Entry("collections:OrderedDict", "remembers insertion order"),
             "counter": Entry("collections:Counter", "counts"),
             "decoder": Entry("json:JSONDecoder", "not a mapping at all"),
-            "future": Entry("no_such_module_anywhere:Thing", "planned", available=False),
         },
     )
 
@@ -33,7 +32,7 @@ def test_resolve_imports_and_returns_the_target() -> None:
 def test_entries_are_imported_only_when_resolved() -> None:
     sys.modules.pop("colorsys", None)
     table: Registry[type[object]] = Registry("thing", object, {"hls": Entry("colorsys:hls_to_rgb", "x")})
-    assert table.listing() == [("hls", "available", "x")] and "colorsys" not in sys.modules
+    assert table.listing() == [("hls", "x")] and "colorsys" not in sys.modules
     with pytest.raises(TypeError, match="colorsys:hls_to_rgb is not a object"):
         table.resolve("hls")  # a function, not a class
     assert "colorsys" in sys.modules
@@ -45,7 +44,7 @@ def test_unknown_name_suggests_the_closest_and_is_a_key_and_value_error() -> Non
     error = info.value
     assert isinstance(error, KeyError) and isinstance(error, ValueError)
     assert error.hint == "ordered" and error.kind == "mapping" and error.name == "orderd"
-    assert str(error) == "unknown mapping 'orderd'; did you mean 'ordered'? (known: ordered, counter, decoder, future)"
+    assert str(error) == "unknown mapping 'orderd'; did you mean 'ordered'? (known: ordered, counter, decoder)"
     assert error.args[0] == str(error)  # callers that re-raise args[0] get the same sentence
     with pytest.raises(UnknownName) as info:
         mappings().resolve("zzz")
@@ -55,14 +54,6 @@ def test_unknown_name_suggests_the_closest_and_is_a_key_and_value_error() -> Non
 def test_a_target_of_the_wrong_kind_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="json:JSONDecoder is not a dict"):
         mappings().resolve("decoder")
-
-
-def test_planned_entries_are_listed_but_refused() -> None:
-    table = mappings()
-    assert table.available() == ["ordered", "counter", "decoder"]
-    assert ("future", "planned", "planned") in table.listing()
-    with pytest.raises(NotAvailable, match="mapping 'future' is planned but not built yet"):
-        table.resolve("future")
 
 
 def test_a_table_of_modules_with_folded_case() -> None:

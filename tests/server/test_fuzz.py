@@ -27,7 +27,7 @@ from schemathesis.generation import GenerationMode
 
 from faithproxy import testing
 from faithproxy.clients.vllm import _parse_chunk
-from faithproxy.faithcore.correction import CorrectionCore, Rules
+from faithproxy.faithcore.correction import Rules, new_machine
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamError
 from faithproxy.server.admission.admit import parse_chat_body
@@ -430,7 +430,7 @@ CHUNK = st.fixed_dictionaries(
 def test_upstream_chunks_parse_or_raise_upstream_error(payload: str) -> None:
     """Whatever vLLM streams, the machine gets well-formed events or the driver an UpstreamError, never a crash
     (a crash would reach the client as an internal-error frame)."""
-    wire, core = ChatChunkReader(), CorrectionCore(Rules("detect", "d"))
+    wire, core = ChatChunkReader(), new_machine(Rules("detect", "d"))
     try:
         for event in wire.events(_parse_chunk(payload)):
             core.receive(event)  # the machine takes whatever the wire reader made of it
