@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from faithproxy.benchmarks.performance import overhead_targets as targets
 from faithproxy.benchmarks.performance.overhead_client import (
     Result,
@@ -51,6 +53,7 @@ from faithproxy.benchmarks.performance.overhead_client import (
     stream_once,
 )
 from faithproxy.benchmarks.performance.overhead_targets import Target
+from faithproxy.testing import metric
 from faithproxy.tinyvlm.processes import supervised
 
 GOAL_ADDED_P50_MS = 1.0
@@ -517,6 +520,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     60,
                 )
             )
+        if args.shadow_shares:  # off with shadow checks at each share, beside plain off (server/doors/shadow.py)
+            judge = targets.start_ready(lambda: targets.start_judge(workdir), "/_stats", 60)
+            started.append(judge)
+            for share in args.shadow_shares:
+                env = targets.shadow_env(share, judge.base_url)
+                name = f"faithproxy-shadow-{share:g}"
+                started.append(
+                    targets.start_ready(
+                        lambda env=env, name=name: targets.start_faithproxy(
+                            workdir, upstream.base_url, limit, name=name, env_extra=env
+                        ),
+                        "/healthz",
+                        60,
+                    )
+                )
         if use_litellm:
             print("waiting for LiteLLM to start ...", file=sys.stderr, flush=True)
             started.append(
@@ -531,7 +549,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             loop_runner = uvloop.run
         except ImportError:
             pass
-        report = loop_runner(measure(args, started))
+        measured = [t for t in started if t.name != "judge"]
+        report = loop_runner(measure(args, measured))
+        if args.shadow_shares:
+            report["shadow"] = shadow_figures(report["latency"], measured)
     finally:
         for target in reversed(started):
             targets.stop(target)
@@ -546,6 +567,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(),
     }
     return report
+
+
+GOAL_SHADOW_ADDED_P50_MS = 0.5  # TTFT that shadow sampling may add to plain off mode (issue 44)
+GOAL_SHADOW_ADDED_P99_MS = 1.0
+
+
+def shadow_figures(latency: dict[str, Any], measured: list[Target]) -> dict[str, Any]:
+    """Per shadow-checking target: streamed TTFT added over plain off (the same run, interleaved), its
+    goals, and what its shadow checks did (faithproxy_shadow_requests_total by outcome, read from /metrics)."""
+    plain = latency["faithproxy"]["stream"]
+    out: dict[str, Any] = {}
+    for target in measured:
+        if not target.name.startswith("faithproxy-shadow-"):
+            continue
+        mine = latency[target.name]["stream"]
+        added = {q: round(mine[f"ttft_{q}_ms"] - plain[f"ttft_{q}_ms"], 3) for q in ("p50", "p99")}
+        text = httpx.get(target.base_url + "/metrics", timeout=10).text
+        outcomes = ("not_sampled", "checked", "queue_full", "over_budget", "unreadable", "failed")
+        out[target.name] = {
+            "added_ttft_over_off_ms": added,
+            "goals": {
+                "added_ttft_p50_under_0.5ms": added["p50"] <= GOAL_SHADOW_ADDED_P50_MS,
+                "added_ttft_p99_under_1ms": added["p99"] <= GOAL_SHADOW_ADDED_P99_MS,
+            },
+            "shadow_requests": {o: metric(text, "faithproxy_shadow_requests_total", outcome=o) for o in outcomes},
+            "shadow_perception_steps": metric(text, "faithproxy_perception_steps_total", source="shadow"),
+        }
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -569,6 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SITE",
         help="also race the faithproxy installed in SITE as 'faithproxy-before' (pip install --no-deps --target "
         "SITE <checkout of the code before>): before and after in one interleaved run",
+    )
+    parser.add_argument(
+        "--shadow-shares",
+        type=lambda text: [float(x) for x in text.split(",") if x],
+        default=[],
+        help="also race faithproxy off with shadow checks at these shares (e.g. 0.1,1.0) against plain off",
     )
     parser.add_argument("--workdir", help="logs and the LiteLLM config (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")

@@ -11,6 +11,7 @@ database, no callbacks, spend and error logs off, ERROR logging, the bundled mod
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -76,16 +77,21 @@ def start_faithproxy(
     name: str = "faithproxy",
     site: Path | None = None,
     workers: int = 1,
+    env_extra: dict[str, str] | None = None,
 ) -> Target:
     """`faithproxy serve` in off mode. `site`: run another copy of faithproxy, installed there (e.g. the
     code before a change: `pip install --no-deps --target SITE CHECKOUT`), raced as its own target."""
     port = free_port()
     log = workdir / f"{name}.log"
-    env = _base_env() | {
-        "FAITHPROXY_DEFAULT_MODE": "off",
-        "FAITHPROXY_DEFAULT_DETECTOR": "none",
-        "FAITHPROXY_MAX_CONCURRENT_REQUESTS": str(max_concurrent),
-    }
+    env = (
+        _base_env()
+        | {
+            "FAITHPROXY_DEFAULT_MODE": "off",
+            "FAITHPROXY_DEFAULT_DETECTOR": "none",
+            "FAITHPROXY_MAX_CONCURRENT_REQUESTS": str(max_concurrent),
+        }
+        | (env_extra or {})
+    )
     cwd = ROOT
     exe = Path(sys.executable).with_name("faithproxy")
     head = [str(exe)] if exe.exists() else [sys.executable, "-m", "faithproxy.cli"]
@@ -96,6 +102,28 @@ def start_faithproxy(
     argv = head + ["serve", "--upstream", upstream, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
     return Target(name, f"http://127.0.0.1:{port}", spawn(argv, log, name=name, env=env, cwd=cwd))
+
+
+def start_judge(workdir: Path) -> Target:
+    """The stand-in judge server (benchmarks/standins/judge_server.py), every sentence faithful: what the
+    shadow-checking targets' checks call."""
+    port = free_port()
+    oracle = workdir / "judge-oracle.json"
+    oracle.write_text('{"unfaithful": []}')
+    argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(port)]
+    argv += ["--oracle", str(oracle)]
+    return Target("judge", f"http://127.0.0.1:{port}", _spawn("judge", argv, _base_env(), workdir / "judge.log"))
+
+
+def shadow_env(share: float, judge_url: str) -> dict[str, str]:
+    """A faithproxy in off mode that checks `share` of its requests after the fact with the judge at
+    `judge_url` (server/doors/shadow.py)."""
+    judge = {"name": "judge", "backend": "anthropic", "model": "judge-model", "base_url": judge_url}
+    return {
+        "FAITHPROXY_SHADOW_SHARE": str(share),
+        "FAITHPROXY_SHADOW_DETECTOR": "judge",
+        "FAITHPROXY_JUDGES": json.dumps([judge | {"api_key": "sk-bench"}]),
+    }
 
 
 def litellm_available() -> bool:
