@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -59,40 +59,66 @@ def create_app(
     image_fetcher: ImageFetcher | None = None,
     doors: DoorTable = DOORS,
 ) -> FastAPI:
-    """Each app owns its metrics registry (so several apps can live in one test process).
+    """The server, put together from its rooms (server/__init__.py): what watches it (outliving a
+    lifespan that runs again), the resources its lifespan builds (AppState), the routes, the middleware.
+    Each app owns its metrics registry (so several apps can live in one test process).
 
     `upstream_transport` replaces the network under the vLLM client: fault-injection tests only.
     `image_fetcher` replaces the one built from `settings.image_fetch` (tests inject a resolver).
-
-    Middleware, outermost first: tracing (when on), internal errors (500 in the door's format), request
-    size (431/413), API keys (401), concurrency (429), then off
-    mode's pure-ASGI pass-through (server/doors/off.py) in front of the router.
+    `doors` is the door table (server/doors/table.py; a test may add a door of its own).
     """
     settings = settings or get_settings()
-    # Counters and histograms export no `<name>_created` series (prometheus_client adds one beside each
-    # by default): it doubles the series count and no dashboard or alert reads it. A library-wide switch,
-    # read when /metrics is rendered, so it holds for metrics created before it too.
-    disable_created_metrics()
-    if registry is None:
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        PlatformCollector(registry=registry)
+    watch = _Watchers(settings, registry)
+    app = FastAPI(
+        title="faithproxy",
+        version="0.1.0",
+        lifespan=_lifespan(settings, watch, doors, upstream_transport, image_fetcher),
+    )
+    _add_routes(app, settings, doors)
+    _add_middleware(app, settings, doors, watch)
+    return app
 
-    built_metrics: list[Metrics] = []
-    # Outside the lifespan: reports outlive a lifespan that runs again, as the metrics do.
-    reports = _report_store(settings, built_metrics)
-    # GET /reports lists them (server/observe/report_page.py)
-    reports = ListedReports(reports, settings.reports_max_count, settings.reports_max_age_s)
-    # Outside the lifespan too: the API-key middleware asks it for the policy file's keys.
-    key_policies = _key_policies(settings, built_metrics)
 
-    # OpenTelemetry traces when the OTEL_* variables ask for them (server/observe/otel.py); None otherwise.
-    def count_dropped(spans: int) -> None:  # from the export thread
-        if built_metrics:
-            built_metrics[0].otel_spans_dropped.inc(spans)
+class _Watchers:
+    """What outlives a lifespan that runs again (test clients restart it): the metrics registry and the
+    app's one Metrics (made in the first lifespan, when the detectors are known), the reports, the
+    policy file's keys (the API-key middleware asks them) and OpenTelemetry (when OTEL_* ask for it)."""
 
-    telemetry = Telemetry.from_environment(count_dropped)
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None) -> None:
+        # Counters and histograms export no `<name>_created` series (prometheus_client adds one beside
+        # each by default): it doubles the series count and no dashboard or alert reads it. A
+        # library-wide switch, read when /metrics is rendered, so it holds for metrics made before it.
+        disable_created_metrics()
+        if registry is None:
+            registry = CollectorRegistry()
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+        self.registry = registry
+        self.built_metrics: list[Metrics] = []  # one, once the first lifespan made it
+        # GET /reports lists them (server/observe/report_page.py)
+        store = _report_store(settings, self.built_metrics)
+        self.reports = ListedReports(store, settings.reports_max_count, settings.reports_max_age_s)
+        self.key_policies = _key_policies(settings, self.built_metrics)
 
+        def count_dropped(spans: int) -> None:  # from the export thread
+            if self.built_metrics:
+                self.built_metrics[0].otel_spans_dropped.inc(spans)
+
+        self.telemetry = Telemetry.from_environment(count_dropped)
+
+    def metrics(self, detectors: dict[str, Any], judges: list[str], doors: DoorTable) -> Metrics:
+        if not self.built_metrics:
+            self.built_metrics.append(Metrics(self.registry, detectors, judges=judges, endpoints=doors.paths))
+        return self.built_metrics[0]
+
+
+def _lifespan(
+    settings: Settings,
+    watch: _Watchers,
+    doors: DoorTable,
+    upstream_transport: httpx.AsyncBaseTransport | None,
+    image_fetcher: ImageFetcher | None,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
@@ -110,9 +136,9 @@ def create_app(
         if fetcher is None and (settings.image_urls == "fetch" or any(cfg.fetch_images for cfg in settings.judges)):
             fetcher = ImageFetcher(settings.image_fetch)
         judges = {cfg.name: build_judge(cfg) for cfg in settings.judges}
-        _instrument(telemetry, generator, judges, settings)
+        _instrument(watch.telemetry, generator, judges, settings)
         # outside the tracing wrappers: a call's span starts once it has a slot
-        install_call_gate(_call_gate(settings, built_metrics), generator, judges.values())
+        install_call_gate(_call_gate(settings, watch.built_metrics), generator, judges.values())
         if settings.hint_judge is not None and settings.hint_judge not in judges:
             raise ValueError(f"FAITHPROXY_HINT_JUDGE={settings.hint_judge!r} is not one of the configured judges")
         hidden = None
@@ -122,25 +148,8 @@ def create_app(
             hidden = HiddenStatesClient(
                 generator, settings.hidden_states_layers, keep_files=settings.hidden_states_keep_files
             )
-        deps = DetectorDeps(
-            judges=judges,
-            default_judge=settings.default_judge,
-            generator=generator,
-            # read by the probe's own from_deps: a bad file or a layer mismatch stops the start
-            probe_path=settings.probe_path,
-            hidden=hidden,
-            cascade_low=settings.cascade_low,
-            cascade_high=settings.cascade_high,
-            cascade_rewrites=settings.cascade_rewrites,
-            judge_samples=settings.judge_samples,
-            on_cascade_decision=lambda stage, n: built_metrics[0].cascade_decisions.labels(stage).inc(n),
-        )
-        detectors = build_detectors(deps)
-        # One Metrics per app: a registry takes each metric once, and the counters of an app whose
-        # lifespan runs again (test clients restart it) simply go on.
-        if not built_metrics:
-            built_metrics.append(Metrics(registry, detectors, judges=list(judges), endpoints=doors.paths))
-        metrics = built_metrics[0]
+        detectors = build_detectors(_detector_deps(settings, generator, judges, hidden, watch.built_metrics))
+        metrics = watch.metrics(detectors, list(judges), doors)
         state = AppState(
             settings=settings,
             generator=generator,
@@ -159,14 +168,14 @@ def create_app(
             image_fetcher=fetcher,
             hidden_states=hidden if settings.record_features else None,
             hint_llm=judges.get(settings.hint_judge) if settings.hint_judge else None,
-            reports=reports,
-            key_policies=key_policies,
+            reports=watch.reports,
+            key_policies=watch.key_policies,
             doors=doors,
         )
         app.state.faithproxy = state
         # idle until an off request is sampled (the setting, or a key's share after a policy reload)
         state.shadow = ShadowChecker.from_state(state)
-        _start_policies(key_policies, metrics)
+        _start_policies(watch.key_policies, metrics)
         fix_mmap_threshold(settings.heap_mmap_threshold_bytes)
         app.state.heap_trimmer = trimmer = HeapTrimmer(settings.heap_trim_interval_s)
         trimmer.start()
@@ -176,7 +185,7 @@ def create_app(
         except (UpstreamError, ValueError):
             log.warning("upstream %s not reachable at start; /readyz will say so", settings.upstream_url)
         try:
-            # The ASGI lifespan state: uvicorn hands it to each connection (server/admission/connections.py's timeouts).
+            # The ASGI lifespan state: uvicorn hands it to each connection (server/admission/connections.py).
             yield {CONNECTIONS_STATE: connection_rules(settings, metrics)}
         finally:
             for detector in detectors.values():
@@ -187,11 +196,37 @@ def create_app(
             if state.shadow is not None:
                 await state.shadow.aclose()
             worker_exit()  # serve --workers N: this worker's in-flight gauge leaves the sum
-            await reports.aclose()  # Redis: the writes in flight land, this loop's connections close
-            await _stop_operators_tools(key_policies, telemetry)
+            await watch.reports.aclose()  # Redis: the writes in flight land, this loop's connections close
+            await _stop_operators_tools(watch.key_policies, watch.telemetry)
             await trimmer.stop()
 
-    app = FastAPI(title="faithproxy", version="0.1.0", lifespan=lifespan)
+    return lifespan
+
+
+def _detector_deps(
+    settings: Settings,
+    generator: VLLMClient,
+    judges: dict[str, Any],
+    hidden: Any,
+    built_metrics: list[Metrics],
+) -> DetectorDeps:
+    return DetectorDeps(
+        judges=judges,
+        default_judge=settings.default_judge,
+        generator=generator,
+        # read by the probe's own from_deps: a bad file or a layer mismatch stops the start
+        probe_path=settings.probe_path,
+        hidden=hidden,
+        cascade_low=settings.cascade_low,
+        cascade_high=settings.cascade_high,
+        cascade_rewrites=settings.cascade_rewrites,
+        judge_samples=settings.judge_samples,
+        on_cascade_decision=lambda stage, n: built_metrics[0].cascade_decisions.labels(stage).inc(n),
+    )
+
+
+def _add_routes(app: FastAPI, settings: Settings, doors: DoorTable) -> None:
+    """The doors of the table, the operator's routes, errors in each door's format, the OpenAPI schema."""
     app.add_exception_handler(FaithproxyError, faithproxy_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.state.doors = doors  # the error handlers and the middleware find a request's door here
@@ -200,6 +235,13 @@ def create_app(
     app.include_router(reports_router.router)
     app.include_router(pages_router.router)
     install_openapi(app, settings, doors)
+
+
+def _add_middleware(app: FastAPI, settings: Settings, doors: DoorTable, watch: _Watchers) -> None:
+    """Pure ASGI, outermost last added: tracing (when on), internal errors (500 in the door's format),
+    request size (431/413), x-api-key as a bearer key on Anthropic's doors, API keys (401), concurrency
+    (429), the routing key, then off mode's pure-ASGI pass-through (server/doors/off.py) in front of the
+    router."""
     app.add_middleware(OffModeMiddleware, default_off=settings.default_mode == "off")
     # outside the pass-through: every upstream call of a request carries its routing key (docs/replicas.md)
     app.add_middleware(RoutingKeyMiddleware, header=settings.routing_header)
@@ -210,10 +252,10 @@ def create_app(
         per_client=settings.max_requests_per_client,
         paths=doors.paths,
     )
-    if settings.api_keys or key_policies is not None:
+    if settings.api_keys or watch.key_policies is not None:
         open_paths = ALWAYS_OPEN if settings.metrics_require_key else ALWAYS_OPEN | {"/metrics"}
         keys = [key.get_secret_value() for key in settings.api_keys]
-        app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths, more_keys=key_policies)
+        app.add_middleware(APIKeyMiddleware, keys=keys, open_paths=open_paths, more_keys=watch.key_policies)
     app.add_middleware(AnthropicKeyHeader)  # x-api-key on Anthropic's doors read as a bearer key, by all of the above
     app.add_middleware(
         RequestSizeMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
@@ -221,9 +263,8 @@ def create_app(
     # Outside every middleware but tracing's: an exception none of them answered is a 500 in the
     # door's format, logged with the request id and counted (server/runtime/internal_errors.py).
     app.add_middleware(InternalErrorMiddleware)
-    if telemetry is not None:  # outermost: every refusal is a traced request too
-        app.add_middleware(TracingMiddleware, telemetry=telemetry)
-    return app
+    if watch.telemetry is not None:  # outermost: every refusal is a traced request too
+        app.add_middleware(TracingMiddleware, telemetry=watch.telemetry)
 
 
 def _call_gate(settings: Settings, built_metrics: list[Metrics]) -> CallGate:
