@@ -74,7 +74,9 @@ def generate(models: dict[str, Path], seed: int, n: int, device: str, batch_size
             with torch.inference_mode():
                 ids = net.generate(**inputs.to(device), max_new_tokens=160, do_sample=False)
             replies += tok.batch_decode(ids[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        out["replies"][name] = {"model": str(folder), "replies": replies, "wall_s": round(time.time() - started, 1)}
+        weights = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+        out["replies"][name] = {"model": str(folder), "sha256": weights, "replies": replies,
+                                "wall_s": round(time.time() - started, 1)}  # fmt: skip
     return out
 
 
@@ -237,13 +239,13 @@ def vanilla_transformers(
     else:  # `generate`'s output for this model, made elsewhere (a GPU machine)
         if (generated["seed"], generated["n"]) != (seed, n):
             raise SystemExit(f"--replies holds seed {generated['seed']} n {generated['n']}, not {seed} {n}")
-        replies = generated["replies"][name]["replies"]
+        replies, sha256 = generated["replies"][name]["replies"], generated["replies"][name]["sha256"]
         decoder = f"transformers greedy on {generated['device']} (torch {generated['torch']}), max 160 new tokens"
     per_chain = {"vanilla": chain_rows(items, replies, None)}
     return {
         "name": name,
         "model": str(model),
-        "model_sha256": file_sha256(model / "model.safetensors"),
+        "model_sha256": file_sha256(model / "model.safetensors") if generated is None else sha256,
         "scenes_seed": seed,
         "n_chains": n,
         "decoder": decoder,
