@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     # faithproxy_shadow_requests_total, never waited for.
     shadow_share: float = Field(0.0, ge=0.0, le=1.0)
     shadow_detector: str = "judge"
-    shadow_queue: int = Field(256, ge=1)
+    shadow_queue: int = Field(64, ge=1)  # × shadow_max_bytes: the most memory waiting checks hold
     shadow_concurrency: int = Field(4, ge=1)
     shadow_max_bytes: int = Field(1 * _MiB, gt=0)
     shadow_tokens_per_minute: int | None = Field(None, ge=0)

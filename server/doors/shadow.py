@@ -11,7 +11,8 @@ generator a `Replay` of the captured chunks), so the shadow verdicts are the one
 on that chain. Only detectors that need nothing from the live stream make sense here (judge, prompt:
 FAITHPROXY_SHADOW_DETECTOR); only the chat-completions door's wire is read.
 
-Bounded everywhere: at most FAITHPROXY_SHADOW_QUEUE checks wait (each holding at most shadow_max_bytes),
+Bounded everywhere: at most FAITHPROXY_SHADOW_QUEUE checks wait (each holding at most shadow_max_bytes:
+queue × max bytes is the most the waiting checks hold, 64 MiB by default),
 FAITHPROXY_SHADOW_CONCURRENCY run, and a token bucket of FAITHPROXY_SHADOW_TOKENS_PER_MINUTE (judge tokens
 as the judge budget counts them, plus the generator tokens of self-checks) refuses checks once spent.
 Every sampled request ends in exactly one faithproxy_shadow_requests_total outcome (server/observe/metrics.py
@@ -184,7 +185,7 @@ class TokenBucket:
 @dataclass
 class _Sampled:
     admitted: Admitted
-    chunks: list[dict[str, Any]]
+    capture: ShadowCapture
     model: str
 
 
@@ -231,11 +232,7 @@ class ShadowChecker:
         if len(self._waiting) >= self.queue_size:
             outcome.labels(model, admitted.endpoint, ShadowOutcome.QUEUE_FULL).inc()
             return
-        chunks = chat_chunks(capture.data(), admitted.stream)
-        if not chunks:
-            outcome.labels(model, admitted.endpoint, ShadowOutcome.UNREADABLE).inc()
-            return
-        self._waiting.append(_Sampled(admitted, chunks, model))
+        self._waiting.append(_Sampled(admitted, capture, model))  # parsed by the worker, off the request's task
         metrics.shadow_queue.inc()
         if len(self._workers) < self.concurrency:
             task = asyncio.get_running_loop().create_task(self._work())
@@ -259,6 +256,10 @@ class ShadowChecker:
         detector = state.detectors.get(self.detector)
         if detector is None:
             return ShadowOutcome.FAILED
+        chunks = chat_chunks(item.capture.data(), admitted.stream)
+        item.capture = ShadowCapture(0)  # the bytes are no longer needed
+        if not chunks:
+            return ShadowOutcome.UNREADABLE
         started = time.perf_counter()
         messages = admitted.body["messages"]
         images = images_in_messages(messages)
@@ -283,7 +284,7 @@ class ShadowChecker:
             settings=state.settings,
             policy=policy,
             view=view,
-            generator=Replay(item.chunks),  # type: ignore[arg-type]  # the VLLMClient's stream_chat, replayed
+            generator=Replay(chunks),  # type: ignore[arg-type]  # the VLLMClient's stream_chat, replayed
             detector=detector,
             regenerator=state.regenerator,
             metrics=self._metrics,
