@@ -336,6 +336,7 @@ class ChatServing:
             explained=[
                 (s.first_verdict.reason if s.first_verdict else None, list(s.rejected)) for s in self.session.steps
             ],
+            key=self.admitted.key_policy,  # the policy's name, for GET /reports?key=
         )
 
     def _trace(self, status: int) -> RequestTrace:
