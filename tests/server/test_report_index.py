@@ -77,9 +77,11 @@ async def test_either_replica_lists_both_replicas_requests_and_shows_their_pages
         lists = [listed((await http.get("/reports")).text) for http in (a, b)]
         shadow_only = listed((await a.get("/reports", params={"source": "shadow"})).text)
         inline_only = listed((await b.get("/reports", params={"source": "inline", "verdict": "residual"})).text)
+        by_key = [listed((await a.get("/reports", params={"key": key})).text) for key in ("default", "other")]
         pages = [await http.get(f"/reports/{rid}") for http, rid in ((b, ids[0]), (a, ids[1]))]
     assert lists == [ids[::-1], ids[::-1]]  # newest first, on both
     assert shadow_only == [ids[1]] and inline_only == [ids[0]]
+    assert by_key == [ids[::-1], []]  # no policy file: every request's policy is "default"
     assert [p.status_code for p in pages] == [200, 200]
 
 
