@@ -9,10 +9,10 @@ emitted; WAIT means nothing can be done before the next event.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
+from faithproxy.faithcore.outcomes import ResumeOutcome, TryOutcome
 from faithproxy.faithcore.reasoning_formats import Continuation
 from faithproxy.faithcore.types import Channel, Step
 
@@ -80,23 +80,6 @@ class Regenerate:
     prefix: list[str]  # the accepted steps' text
     attempt: int  # from 1
     accepted: tuple[Step, ...] = ()
-
-
-class TryOutcome(enum.StrEnum):
-    """How a regeneration try ended (the label values of faithproxy_regeneration_attempts_total)."""
-
-    FIXED = "fixed"  # the candidate passed the check: it replaces the step
-    STILL_UNFAITHFUL = "still_unfaithful"  # the candidate was flagged too
-    UNPARSEABLE = "unparseable"  # the regenerator's reply held no candidate
-    ERROR = "error"  # the regenerator failed
-    INSISTED = "insisted"  # the model restated the flagged step: it is kept, no further try is spent
-
-
-class ResumeOutcome(enum.StrEnum):
-    """What became of an upstream break (the label values of faithproxy_upstream_resumes_total)."""
-
-    RESUMED = "resumed"  # a new round continues the chain from where it stood
-    EXHAUSTED = "exhausted"  # no attempt was left: the request fails
 
 
 # Notes: facts the machine reports for the driver to count and record; they ask for nothing.

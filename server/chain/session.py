@@ -8,7 +8,9 @@ counts what the machine decided.
 
 correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect
 mode runs a checker task beside the rounds: text goes out as it arrives, verdicts follow as each batch is
-checked. A round whose stream broke is resumed when the machine says so (a ResumeNote, then DropRound and
+checked. Two tasks feed the machine: the session (results of what it asked for, detect mode's verdicts
+too, which the checker only hands over) and the reader (a round's deltas: it runs the segmenter as
+data arrives, so the session is woken once per completed step, not once per read). A round whose stream broke is resumed when the machine says so (a ResumeNote, then DropRound and
 StartRound like any continuation); the session counts it in faithproxy_upstream_resumes_total.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +115,8 @@ class ChainSession:
     wire: RoundWire = CHAT_WIRE  # the door's upstream: chat completions unless the door says otherwise
     verification_s: float = 0.0  # time the client waited on checks and rewrites
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # detect mode: the checker task's results, waiting for the driver to feed them to the machine
+    _results: deque[Checked] = field(default_factory=deque, repr=False)
 
     def __post_init__(self) -> None:
         # `include_reasoning: false` asks vLLM to leave the thinking out of the response. The proxy still
@@ -169,8 +174,11 @@ class ChainSession:
             while True:
                 action = core.next_action()
                 if action is WAIT:  # the round's next step or end (in detect mode: or a check's result)
-                    await self._wakeup.wait()
-                    self._wakeup.clear()
+                    if not self._results:
+                        await self._wakeup.wait()
+                        self._wakeup.clear()
+                    while self._results:  # detect mode's verdicts, fed here: the checker only hands them over
+                        core.receive(self._results.popleft())
                 elif isinstance(action, StartRound):
                     body = self.wire.round_body(self.body, action)
                     wire = self.wire
@@ -234,7 +242,7 @@ class ChainSession:
                 result = await self._verify(check)
             except Exception as exc:  # a bug in a detector: the machine fails the request with it
                 result = Checked(error=exc)
-            self.core.receive(result)
+            self._results.append(result)
             self._wake()
 
     async def _verify(self, check: Check) -> Checked:

@@ -40,8 +40,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from faithproxy.clients import call_gate
 from faithproxy.detectors.registry import decision_stages
 from faithproxy.faithcore.context import JudgeUsage
-from faithproxy.faithcore.correction.actions import ResumeOutcome, TryOutcome
 from faithproxy.faithcore.errors import DetectorErrorCode, UpstreamErrorCode, UpstreamStatusError
+from faithproxy.faithcore.outcomes import ResumeOutcome, TryOutcome
 
 KINDS = ("perception", "reasoning")
 VERDICTS = ("faithful", "unfaithful", "unknown", "unsure")
@@ -49,7 +49,7 @@ MODES = ("correct", "detect", "off")
 # budget: the request's judge budget was spent (detectors/judge.py), the step was never sent
 UNCHECKED_REASONS = ("detector_error", "detector_none", "regeneration_budget", "request_failed", "budget")
 RESIDUAL_REASONS = ("regeneration_failed", "not_corrected", "unchecked")
-ATTEMPT_OUTCOMES = tuple(TryOutcome)  # the outcomes the machine emits (faithcore/correction/actions.py)
+ATTEMPT_OUTCOMES = tuple(TryOutcome)  # the outcomes the machine emits (faithcore/outcomes.py)
 STEP_OUTCOMES = ("fixed", "failed")
 REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
 # The `endpoint` label is the path of the door a request came through: its values are the app's door
