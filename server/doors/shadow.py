@@ -205,6 +205,9 @@ class ShadowChecker:
     @classmethod
     def from_state(cls, state: AppState) -> ShadowChecker:
         s = state.settings
+        if s.shadow_share > 0 and s.shadow_detector not in state.detectors:
+            log.warning("FAITHPROXY_SHADOW_DETECTOR=%s is not available here: sampled requests will count as failed "
+                        "(the judge detector needs a configured judge)", s.shadow_detector)  # fmt: skip
         budget = TokenBucket(s.shadow_tokens_per_minute)
         return cls(state, s.shadow_queue, s.shadow_concurrency, budget, s.shadow_detector)
 
