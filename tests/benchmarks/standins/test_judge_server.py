@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from faithproxy.tinyvlm import processes
 from faithproxy.tinyvlm.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_GUARD_S = 120  # bounds a wait that must end by an event; no figure of a test depends on it
 ORACLE = {"unfaithful": ["The cat is green."], "reasoning": ["The cat is likely hungry."], "description": "A cat."}
 CHAIN = ["A cat sits on a mat.", "The cat is green.", "The cat is likely hungry.", "So the answer is B."]
 PROMPT = build_judge_prompt("What colour is the cat?", CHAIN)
@@ -142,11 +143,16 @@ async def test_control_validates(client: httpx.AsyncClient) -> None:
 async def test_hang_is_released_when_the_server_stops() -> None:
     app = create_app(ORACLE)
     app.state.judge.mode = "hang"
-    started = time.perf_counter()
-    async with running_judge_server(app) as url, httpx.AsyncClient(base_url=url) as http:
-        with pytest.raises(httpx.ReadTimeout):
-            await http.post("/v1/messages", json=anthropic_body(PROMPT), timeout=0.2)
-    assert time.perf_counter() - started < 30  # a bound, not a benchmark: shutdown must not wait 300 s
+    app.state.judge.hang_s = 3600.0  # only the release at shutdown can end the hang while the test runs
+
+    async def serve_one_hung_call() -> None:
+        async with running_judge_server(app) as url, httpx.AsyncClient(base_url=url) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post("/v1/messages", json=anthropic_body(PROMPT), timeout=0.2)
+
+    # A shutdown that waited for the hung call would wait the hour: the guard turns that into a failure.
+    await asyncio.wait_for(serve_one_hung_call(), HANG_GUARD_S)
+    assert app.state.judge.release.is_set()
 
 
 def test_command_line(tmp_path: Path) -> None:
