@@ -138,6 +138,7 @@ def run_demo(
     world: str = "shapesworld",
     questions: int = SHAPESWORLD_QUESTIONS,
     reasoning_format: str | None = None,
+    start_timeout: float = 600.0,
 ) -> int:
     from openai import OpenAI
 
@@ -190,7 +191,13 @@ def run_demo(
     started: list[Child] = []
     try:
         print("[demo] starting vLLM on CPU ...", flush=True)
-        vllm = start_vllm(model_dir, extra_args=vllm_args, served_model_name=served_name, log_path=work / "vllm.log")
+        vllm = start_vllm(
+            model_dir,
+            extra_args=vllm_args,
+            served_model_name=served_name,
+            log_path=work / "vllm.log",
+            health_timeout=start_timeout,
+        )
         started.append(vllm.child)
         judge_port, proxy_port = free_port(), free_port()
         judge_argv = [sys.executable, "-m", "faithproxy.benchmarks.standins.judge_server", "--port", str(judge_port)]
@@ -268,7 +275,9 @@ def start_failure(message: str, causes: int = 3) -> str:
         text = re.sub(r"^.*?\] ", "", line.strip())  # vLLM's "(EngineCore pid=1) ERROR ... file.py:12] " prefix
         if _EXCEPTION_LINE.match(text) and text not in found:
             found.append(text)
-    cause = "\n".join(f"  {line}" for line in found[-causes:]) or "  (no exception in the log's tail)"
+    if not found:  # no exception: it was still starting, or died without one; its last words
+        found = [line.strip() for line in tail.splitlines() if line.strip()][-causes:] or ["(its log is empty)"]
+    cause = "\n".join(f"  {line}" for line in found[-causes:])
     return f"[demo] failed to start: {headline.rstrip(':')}\n[demo] cause:\n{cause}"
 
 
@@ -285,6 +294,12 @@ def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     demo.add_argument("--questions", type=int, default=5, help="shapesworld: how many held-out questions")
     demo.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="seconds vLLM may take to answer /health (a busy 2-core machine needs minutes)",
+    )
+    demo.add_argument(
         "--format",
         choices=["qwen3", "glm", "plain"],
         default=None,
@@ -298,5 +313,6 @@ def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
             world=args.world,
             questions=args.questions,
             reasoning_format=args.format,
+            start_timeout=args.start_timeout,
         )
     )

@@ -8,7 +8,8 @@
 #   scripts/fresh_debian_check.sh -- PYTEST_ARGS  the same, pytest limited to PYTEST_ARGS (every install
 #                                                 step, the fixture model and the lint still run)
 # Needs Docker (scripts/dockerd.sh start). The container runs on the host's network (PyPI, Debian's
-# archive) with vLLM's shared memory; its output goes to stdout and var/fresh-debian/run.log.
+# archive) with vLLM's shared memory; its output goes to stdout and var/fresh-debian/run.log, the demo's
+# server logs to var/fresh-debian/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--" ] && shift
@@ -17,7 +18,8 @@ mkdir -p var/fresh-debian
 name="faithproxy-fresh-debian-$$"
 tests=$(printf ' %q' "$@")
 echo "base $BASE; container $name; pytest arguments:${tests:- (all)}"
-trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
+# the servers' logs (vLLM's, the proxy's) come out before the container goes, whatever the outcome
+trap 'docker cp "$name:/repo/var/demo" var/fresh-debian/ >/dev/null 2>&1 || true; docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
 echo "tree: $(git rev-parse --short HEAD)"
 git archive --format=tar HEAD \
   | docker run -i --name "$name" --network host --shm-size 1g "$BASE" bash -c "

@@ -23,13 +23,14 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from faithproxy.tinyvlm.processes import free_port
 from tests.deploy import assets
 
 LOCAL_THIRD_PARTY = {
@@ -41,7 +42,8 @@ LEFT_OUT = {"grafana"}  # no image on this network; its provisioning is checked 
 
 @dataclass(frozen=True)
 class Ports:
-    """One 127.0.0.1 port per service (below the ephemeral range, away from the other tests' ports)."""
+    """One 127.0.0.1 port per service. The defaults are fixed (a script's stack is found at the same
+    addresses every time); tests take `Ports.free()`, so two runs on one machine do not collide."""
 
     faithproxy: int = 28080
     faithproxy_b: int = 28081
@@ -52,6 +54,11 @@ class Ports:
     judge: int = 28090
     prometheus: int = 28091
     redis: int = 28379
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Ports free on 127.0.0.1 now (the containers bind them moments later)."""
+        return cls(*(free_port() for _ in fields(cls)))
 
 
 # service -> (its port field, the port inside the compose file's network it replaces)

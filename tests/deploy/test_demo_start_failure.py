@@ -43,3 +43,17 @@ def test_a_server_that_dies_at_start_is_reported_by_cause_and_log_path(tmp_path:
         "  RuntimeError: Engine core initialization failed. See root cause above.",
     ]
     assert "Traceback" not in printed
+
+
+def test_a_server_that_never_answers_is_reported_by_the_last_lines_of_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    child = spawn([sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(60)"], log,
+                  name="vllm")  # fmt: skip
+    try:
+        with pytest.raises(ChildStartError) as raised:
+            child.wait_healthy(f"http://127.0.0.1:{free_port()}/health", 2)
+    finally:
+        child.stop()
+    printed = start_failure(str(raised.value))
+    assert printed.splitlines()[0].startswith("[demo] failed to start: vllm did not answer")
+    assert printed.splitlines()[1:] == ["[demo] cause:", "  loading weights"]

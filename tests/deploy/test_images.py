@@ -16,6 +16,7 @@ import tomllib
 
 import pytest
 
+from faithproxy.tinyvlm.processes import free_port
 from tests.deploy import assets
 from tests.deploy.docker_env import build_images, require_docker
 
@@ -24,7 +25,6 @@ pytestmark = [pytest.mark.integration]
 VERSION = tomllib.loads((assets.REPO / "pyproject.toml").read_text())["project"]["version"]
 PROXY = f"faithproxy:{VERSION}"
 VLLM = f"faithproxy-vllm-cpu:{VERSION}"
-PORT = 28180
 
 
 def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -65,11 +65,12 @@ def test_proxy_image_holds_the_proxy_and_its_runtime_only(proxy_image: str) -> N
 
 
 def test_proxy_container_turns_healthy_and_stops_on_sigterm(proxy_image: str) -> None:
-    name = f"faithproxy-test-image-{PORT}"
+    port = free_port()
+    name = f"faithproxy-test-image-{port}"
     docker("rm", "-f", name)
     started = docker(
         "run", "-d", "--name", name, "--network", "host",
-        "-e", "FAITHPROXY_HOST=127.0.0.1", "-e", f"FAITHPROXY_PORT={PORT}",
+        "-e", "FAITHPROXY_HOST=127.0.0.1", "-e", f"FAITHPROXY_PORT={port}",
         "-e", "FAITHPROXY_UPSTREAM_URL=http://127.0.0.1:9", proxy_image,
     )  # fmt: skip
     assert started.returncode == 0, started.stderr

@@ -29,7 +29,7 @@ from faithproxy.tinyvlm import fixture_spec as spec
 from tests.deploy import assets
 from tests.deploy.assets import quantity
 from tests.deploy.docker_env import build_images, require_docker
-from tests.deploy.host_stack import HostStack, render
+from tests.deploy.host_stack import HostStack, Ports, render
 
 pytestmark = [pytest.mark.integration]
 
@@ -62,7 +62,8 @@ def cpu_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostStack]:
     require_docker()
     build_images("proxy", "vllm-cpu", "prometheus")
     workdir = tmp_path_factory.mktemp("stack-cpu")
-    stack = HostStack(render("cpu", workdir), "cpu", f"faithproxy-test-{os.getpid()}")
+    ports = Ports.free()
+    stack = HostStack(render("cpu", workdir, ports), "cpu", f"faithproxy-test-{os.getpid()}", ports)
     stack.started_at = time.time()  # type: ignore[attr-defined]
     try:
         stack.up(SERVICES)

@@ -25,7 +25,7 @@ import pytest
 from faithproxy.benchmarks.performance import replica_stack as rs
 from faithproxy.testing import frames, metric
 from tests.deploy.docker_env import build_images, require_docker
-from tests.deploy.host_stack import HostStack, render
+from tests.deploy.host_stack import HostStack, Ports, render
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,7 +44,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostStack]:
     require_docker()
     build_images("proxy", "vllm-cpu", "vllm-router", "redis")
     workdir = tmp_path_factory.mktemp("stack-scale-out")
-    stack = HostStack(render("scale-out", workdir), "scale-out", f"faithproxy-test-so-{os.getpid()}")
+    ports = Ports.free()
+    stack = HostStack(render("scale-out", workdir, ports), "scale-out", f"faithproxy-test-so-{os.getpid()}", ports)
     try:
         stack.up(SERVICES, timeout=1200)
         stack.wait_ready(f"{stack.url('faithproxy')}/readyz")
