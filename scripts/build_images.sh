@@ -17,6 +17,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${FAITHPROXY_VERSION:-0.1.0}
 ROUTER_VERSION=${VLLM_ROUTER_VERSION:-0.1.17}
+# One build at a time on this machine: a second caller (another test session) waits, then finds every
+# layer cached instead of building the same vLLM image beside the first.
+mkdir -p var/docker
+exec 9>var/docker/build.lock
+flock 9
 BASE=$(bash scripts/docker_base.sh)
 echo "base image: $BASE"
 export DOCKER_BUILDKIT=0
@@ -51,7 +56,6 @@ for image in "${images[@]}"; do
   tags+=("$tag")
 done
 
-mkdir -p var/docker
 {
   echo "base $BASE: $(docker image inspect -f '{{.Size}}' "$BASE") bytes"
   for tag in "${tags[@]}"; do
