@@ -43,7 +43,6 @@ from faithproxy.clients.vllm import CHAT_PATH, UpstreamStream
 from faithproxy.faithcore.context import JudgeUsage, RequestView
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.admission.admit import Admitted
-from faithproxy.server.chain.session import CHAT_WIRE, ChainSession
 from faithproxy.server.observe.metrics import Metrics, ShadowOutcome, Source
 from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.step_metrics import perception_verdicts
@@ -255,6 +254,11 @@ class ShadowChecker:
             self.state.metrics.shadow_requests.labels(item.model, item.admitted.endpoint, outcome).inc()
 
     async def _check(self, item: _Sampled) -> ShadowOutcome:
+        # Loaded with the first check, not with this module: app.py imports the checker into every
+        # server, and the driver brings the machine and its segmenter (nltk), which a server that only
+        # passes requests through never needs (38 MiB of idle RSS in the overhead benchmark).
+        from faithproxy.server.chain.session import CHAT_WIRE, ChainSession
+
         state, admitted = self.state, item.admitted
         detector = state.detectors.get(self.detector)
         if detector is None:
