@@ -1,17 +1,18 @@
 """ChainSession: the async driver of the correction machine (faithcore/correction/).
 
-The machine decides everything: what reaches the client, which batch is checked, which step is
-regenerated, when a round starts, is dropped or ends, and each step's outcome. The session only does
-what it asks — runs upstream rounds (server/chain/reader.py, a task feeding the machine ahead of the checks),
-calls the detector and the regenerator with a frozen view of the request — hands the results back, and
-counts what the machine decided.
+The machine decides everything: what reaches the client, which batch is checked, which step is regenerated,
+when a round starts, is dropped or ends, and each step's outcome. The session only does what it asks — runs
+upstream rounds (server/chain/reader.py, a task feeding the machine ahead of the checks), calls the detector
+and the regenerator with a frozen view of the request — hands the results back, and counts what the machine
+decided.
 
-correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect
-mode runs a checker task beside the rounds: text goes out as it arrives, verdicts follow as each batch is
-checked. Two tasks feed the machine: the session (results of what it asked for, detect mode's verdicts
-too, which the checker only hands over) and the reader (a round's deltas: it runs the segmenter as
-data arrives, so the session is woken once per completed step, not once per read). A round whose stream broke is resumed when the machine says so (a ResumeNote, then DropRound and
-StartRound like any continuation); the session counts it in faithproxy_upstream_resumes_total.
+correct mode awaits each check and rewrite in turn while the round reads on in its own task. detect mode runs
+a checker task beside the rounds: text goes out as it arrives, verdicts follow as each batch is checked. Two
+tasks feed the machine: the session (results of what it asked for, detect mode's verdicts too, which the
+checker only hands over) and the reader (a round's deltas: it runs the segmenter as data arrives, so the
+session is woken once per completed step, not once per read). A round whose stream broke is resumed when the
+machine says so (a ResumeNote, then DropRound and StartRound like any continuation); the session counts it in
+faithproxy_upstream_resumes_total.
 """
 
 from __future__ import annotations
@@ -174,11 +175,7 @@ class ChainSession:
             while True:
                 action = core.next_action()
                 if action is WAIT:  # the round's next step or end (in detect mode: or a check's result)
-                    if not self._results:
-                        await self._wakeup.wait()
-                        self._wakeup.clear()
-                    while self._results:  # detect mode's verdicts, fed here: the checker only hands them over
-                        core.receive(self._results.popleft())
+                    await self._next_event()
                 elif isinstance(action, StartRound):
                     body = self.wire.round_body(self.body, action)
                     wire = self.wire
@@ -220,6 +217,15 @@ class ChainSession:
         self.metrics.upstream_resumes.labels(action.outcome).inc()
         if action.outcome is ResumeOutcome.RESUMED:
             await asyncio.sleep(RESUME_BACKOFF_S[min(action.attempt, len(RESUME_BACKOFF_S)) - 1])
+
+    async def _next_event(self) -> None:
+        """Waits for the reader's wake-up or a verdict of the checker's; detect mode's verdicts are fed to
+        the machine here, by the session: the checker task only hands them over."""
+        if not self._results:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+        while self._results:
+            self.core.receive(self._results.popleft())
 
     def _wake(self) -> None:
         self._wakeup.set()
