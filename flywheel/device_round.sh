@@ -31,8 +31,5 @@ for lr in "$@"; do
 done
 python3 -m faithproxy.flywheel.shapesworld_loop generate "${MODELS[@]}" --seed 999 --n "$N" --device "$DEVICE" \
   --out "$OUT/selection-999.json"
-for m in "${MODELS[@]}"; do
-  [[ $m == --model ]] && continue
-  name=${m%%=*}
-  python3 -m faithproxy.flywheel.shapesworld_loop generate --model "$m" "${HELDOUT_ARGS[@]}" --n "$N" --device "$DEVICE" --out "$OUT/heldout-$name.json"
-done
+python3 -m faithproxy.flywheel.shapesworld_loop generate "${MODELS[@]}" "${HELDOUT_ARGS[@]}" --n "$N" --device "$DEVICE" \
+  --per-model --out "$OUT/heldout.json"

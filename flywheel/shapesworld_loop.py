@@ -49,7 +49,7 @@ def _items(seed: int, n: int) -> list[Any]:
     return list(generate_items(seed, n, joined=JOINED_EXISTENCE))
 
 
-def generate(models: dict[str, Path], seed: int, n: int, device: str, batch_size: int = 50) -> dict[str, Any]:
+def generate(models: dict[str, Path], seed: int, n: int, device: str, batch_size: int = 100) -> dict[str, Any]:
     """Greedy chains of each model alone on `seed`'s first `n` items, in transformers on `device`:
     the vanilla pass, which needs no vLLM and so can run where a GPU is (its replies are scored here)."""
     import torch
@@ -275,6 +275,17 @@ def compare(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- command
 
 
+def provenance() -> dict[str, Any]:
+    """Where and when a result was made: the checked-out commit, the date, the machine."""
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import git_commit
+
+    return {
+        "commit": git_commit(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()}, {platform.node()}, 2 shared CPU cores, no GPU",
+    }
+
+
 def _seed_count(text: str) -> tuple[int, int]:
     seed, _, n = text.partition(":")
     return int(seed), int(n)
@@ -311,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n", type=int, help="default: the frozen options'")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--per-model", action="store_true", help="one file per model: OUT's stem, '-', the model's name")
     p = sub.add_parser("compare")
     p.add_argument("results", type=Path, nargs="+")
     p.add_argument("--out", type=Path, required=True)
@@ -322,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(write_images(args.seed, args.n, args.out), "images in", args.out)
     elif args.what == "truth":
         pairs = [row for path in args.pairs for row in read_jsonl(path)]
-        report = pair_truth(pairs, args.seed) | {"command": command}
+        report = pair_truth(pairs, args.seed) | {"command": command} | provenance()
         print(json.dumps(report, indent=2))
         if args.out:
             args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -351,11 +363,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = {name: Path(folder) for name, _, folder in (m.partition("=") for m in args.model)}
         generated = generate(models, seed, args.n or frozen["heldout"]["n"], args.device) | {"command": command}
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(generated) + "\n", encoding="utf-8")
+        if args.per_model:  # so that a reader opens only the models it is meant to see
+            for name, one in generated["replies"].items():
+                path = args.out.with_name(f"{args.out.stem}-{name}{args.out.suffix}")
+                path.write_text(json.dumps(generated | {"replies": {name: one}}) + "\n", encoding="utf-8")
+        else:
+            args.out.write_text(json.dumps(generated) + "\n", encoding="utf-8")
         print({name: g["wall_s"] for name, g in generated["replies"].items()})
     else:
         results = [json.loads(path.read_text(encoding="utf-8")) for path in args.results]
-        out = compare(results) | {"command": command, "sources": [str(p) for p in args.results]}
+        out = compare(results) | {"command": command, "sources": [str(p) for p in args.results]} | provenance()
         args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
         print(json.dumps(out, indent=1))
     return 0
