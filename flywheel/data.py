@@ -61,7 +61,8 @@ def encode_rows(processor: Any, rows: Sequence[dict[str, Any]]) -> Encoded:
         in_step = [int(start >= len(prefix) and end > start) for start, end in completion["offset_mapping"]]
         prompt_ids = list(encoded["input_ids"][i])
         ids.append(prompt_ids + list(completion["input_ids"]))
-        types.append(list(encoded["mm_token_type_ids"][i]) + [0] * len(completion["input_ids"]))
+        if "mm_token_type_ids" in encoded:  # Qwen2.5-VL marks the image tokens so
+            types.append(list(encoded["mm_token_type_ids"][i]) + [0] * len(completion["input_ids"]))
         masks.append([0] * len(prompt_ids) + in_step)
     width = max(map(len, ids))
 
@@ -71,9 +72,13 @@ def encode_rows(processor: Any, rows: Sequence[dict[str, Any]]) -> Encoded:
     tensors = {
         "input_ids": padded(ids, tok.pad_token_id),
         "attention_mask": padded([[1] * len(s) for s in ids], 0),
-        "mm_token_type_ids": padded(types, 0),
-        "pixel_values": torch.as_tensor(encoded["pixel_values"]),
-        "image_grid_thw": torch.as_tensor(encoded["image_grid_thw"]),
+        **({"mm_token_type_ids": padded(types, 0)} if types else {}),
+        # the processor's image tensors (pixel_values, and image_grid_thw for Qwen2.5-VL) as it made them
+        **{
+            k: torch.as_tensor(v)
+            for k, v in encoded.items()
+            if k not in ("input_ids", "attention_mask", "mm_token_type_ids")
+        },
     }
     return Encoded(tensors, padded(masks, 0).float())
 
