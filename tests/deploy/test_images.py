@@ -20,7 +20,10 @@ from faithproxy.tinyvlm.processes import free_port
 from tests.deploy import assets
 from tests.deploy.docker_env import build_images, require_docker
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(3600),  # image builds and vLLM starts in the fixture: tens of minutes on a busy machine
+]
 
 VERSION = tomllib.loads((assets.REPO / "pyproject.toml").read_text())["project"]["version"]
 PROXY = f"faithproxy:{VERSION}"

@@ -31,7 +31,10 @@ from tests.deploy.assets import quantity
 from tests.deploy.docker_env import build_images, require_docker
 from tests.deploy.host_stack import HostStack, Ports, render
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(3600),  # image builds and vLLM starts in the fixture: tens of minutes on a busy machine
+]
 
 SERVICES = ["vllm-cpu", "fixture-judge", "faithproxy-cpu", "prometheus"]
 MODEL = "fixture-vlm"

@@ -29,6 +29,7 @@ from tests.deploy.host_stack import HostStack, Ports, render
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.timeout(3600),  # image builds and vLLM starts in the fixture: tens of minutes on a busy machine
     pytest.mark.skipif(
         os.environ.get("FAITHPROXY_STACK_SCALE_OUT") != "1",
         reason="the scale-out stack runs from scripts/stack_scale_out.sh (FAITHPROXY_STACK_SCALE_OUT=1)",
