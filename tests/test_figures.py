@@ -35,9 +35,11 @@ from faithproxy.benchmarks.evaluation.shapesworld_report import readme_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-# docs/ARCHITECTURE.md and docs/flywheel.md belong to other work; their figures are checked the same way
-# as soon as they link them.
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# docs/ARCHITECTURE.md and docs/flywheel.md are kept by other work in progress and not yet under the
+# rule; their linked figures are still checked (FIGURE_PAGES), their verdicts not yet.
+OTHERS = {"ARCHITECTURE.md", "flywheel.md"}
+FIGURE_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [page for page in FIGURE_PAGES if page.name not in OTHERS]
 
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 _CODE = re.compile(r"`[^`\n]+`")
@@ -143,7 +145,7 @@ def verdicts_by_hand(page: Path, text: str | None = None) -> list[str]:
     ]
 
 
-ALL = [f for page in PAGES for f in figures(page)]
+ALL = [f for page in FIGURE_PAGES for f in figures(page)]
 
 
 def test_the_pages_name_their_figures_sources() -> None:
