@@ -262,7 +262,7 @@ def _add_middleware(app: FastAPI, settings: Settings, doors: DoorTable, watch: _
     )
     # Outside every middleware but tracing's: an exception none of them answered is a 500 in the
     # door's format, logged with the request id and counted (server/runtime/internal_errors.py).
-    app.add_middleware(InternalErrorMiddleware)
+    app.add_middleware(InternalErrorMiddleware, doors=doors)
     if watch.telemetry is not None:  # outermost: every refusal is a traced request too
         app.add_middleware(TracingMiddleware, telemetry=watch.telemetry)
 

@@ -24,14 +24,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission.admit import REQUEST_ID, new_request_id
 from faithproxy.server.observe.metrics import NOT_A_DOOR
+from faithproxy.server.protocol.doors import Door, DoorTable
 from faithproxy.server.protocol.errors import door_at, error_response
 
 log = logging.getLogger("faithproxy")
 
 
 class InternalErrorMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, doors: DoorTable | None = None) -> None:
         self.app = app
+        self.doors = doors  # the door table, for a failure before the app put it on the scope
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,9 +59,15 @@ class InternalErrorMiddleware:
                     code="internal_error",
                 )
                 headers = {"x-faithproxy-request-id": request_id}
-                await error_response(error, headers, door=door_at(scope))(scope, receive, send)
+                await error_response(error, headers, door=self._door(scope))(scope, receive, send)
         finally:
             REQUEST_ID.reset(token)
+
+    def _door(self, scope: Scope) -> Door | None:
+        door = door_at(scope)
+        if door is None and self.doors is not None:
+            door = self.doors.get(scope.get("path", ""))
+        return door
 
 
 def _record(scope: Scope, exc: Exception, request_id: str, started: bool) -> None:

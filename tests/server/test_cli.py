@@ -53,11 +53,5 @@ def test_segment_prints_the_kind_the_step_typer_gives_each_step() -> None:
 
 
 def test_detectors_lists_registry() -> None:
-    rows = {line.split()[0]: line.split()[1] for line in run("detectors").stdout.splitlines()}
-    assert rows == {
-        "judge": "available",
-        "prompt": "available",
-        "none": "available",
-        "probe": "available",
-        "cascade": "available",
-    }
+    names = [line.split()[0] for line in run("detectors").stdout.splitlines()]
+    assert names == ["judge", "prompt", "none", "probe", "cascade"]

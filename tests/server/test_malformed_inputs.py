@@ -19,6 +19,7 @@ import pytest
 
 from faithproxy.server.admission.connections import HTTP_PROTOCOL
 from faithproxy.server.app import create_app
+from faithproxy.server.doors.table import DOORS as TABLE
 from faithproxy.server.runtime.internal_errors import InternalErrorMiddleware
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, metric, running_app
@@ -187,7 +188,7 @@ async def test_a_failure_before_admission_gets_an_id_of_its_own(path: str, caplo
         raise KeyError("a bug in front of the doors")
 
     caplog.set_level(logging.ERROR, logger="faithproxy")
-    transport = httpx.ASGITransport(app=InternalErrorMiddleware(failing))
+    transport = httpx.ASGITransport(app=InternalErrorMiddleware(failing, doors=TABLE))
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as http:
         response = await http.post(path, json={})
     assert response.status_code == 500
