@@ -405,7 +405,7 @@ def _json_objects(path: str) -> list[dict[str, Any]]:
     try:
         data = json.loads(text)
     except ValueError:
-        data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        data = [json.loads(line) for line in text.split("\n") if line.strip()]
     items = data if isinstance(data, list) else [data]
     if not all(isinstance(item, dict) for item in items):
         raise CommandError(f"{path}: expected JSON objects")

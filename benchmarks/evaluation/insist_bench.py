@@ -246,7 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _read(args: argparse.Namespace, items: Sequence[Any]) -> list[Flag]:
     path = args.traces or args.labelled
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     try:
         flags = flags_of(records, items) if args.traces else steps_of_labelled(records, items)
     except ValueError as exc:

@@ -148,7 +148,7 @@ def read_jsonl(path: Path) -> dict[str, dict[str, Any]]:
     records: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

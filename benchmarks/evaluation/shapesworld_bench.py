@@ -170,7 +170,9 @@ def write_labelled(path: Path, records: Sequence[dict[str, Any]]) -> None:
 def read_traces(path: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
-    return {r["id"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if r.get("id")}
+    # split at "\n" only: traces keep U+2028 and the like unescaped, which str.splitlines would cut at
+    lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return {r["id"]: r for r in map(json.loads, lines) if r.get("id")}
 
 
 # ------------------------------------------------------------------------------------------------ run

@@ -153,7 +153,7 @@ def test_a_kept_step_read_to_the_think_close_continues_to_the_answer(client: Any
 
     fixture = spec.get(spec.FAILING_REGENERATION)
     planted = fixture.planted_sentence
-    core = c.CorrectionCore(c.Rules("correct", "judge", max_retries=1))
+    core = c.new_machine(c.Rules("correct", "judge", max_retries=1))
     held: list[c.Check] = []
     sent: list[str] = []
     rounds: list[c.StartRound] = []

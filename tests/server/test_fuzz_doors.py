@@ -10,6 +10,7 @@ and every event stream ends with `data: [DONE]`.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import Any
 
@@ -53,7 +54,10 @@ def check(answer: Any, failing: bool, seen: Counter[str], door: str) -> None:
         body = answer.json()
         assert failing and _injected_error(body.get("error")), f"{status}: {answer.text[:500]}"
     if answer.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]  # named events too
+        # Lines as an event stream ends them (CR, LF, CRLF): str.splitlines would also cut a JSON string at
+        # U+2028 or U+0085, which the doors write unescaped (ensure_ascii=False) and SSE keeps in the line.
+        lines = re.split(r"\r\n|\r|\n", answer.text)
+        data = [line[6:] for line in lines if line.startswith("data: ")]  # named events too
         if door in LAST_EVENTS:
             last = json.loads(data[-1]) if data and data[-1] != "[DONE]" else {}
             # the Responses door's failure frame is OpenAI's error object, as on chat
