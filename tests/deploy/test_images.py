@@ -3,8 +3,8 @@
 The proxy image: `--help` prints the usage, it runs as a non-root user with the proxy and its runtime
 dependencies only (no pip, no training or benchmark stack), its health check turns healthy, and
 SIGTERM (`docker stop`) ends it by itself, exit code 0, before Docker would kill it. The vLLM-CPU
-image, built on a base without libnuma1: vLLM's CPU kernels load, and the fixture model is readable
-by the image's user.
+image, built on a base without libnuma1: vLLM's CPU kernels (the variant vLLM picks for this CPU)
+load, and the fixture model is readable by the image's user.
 """
 
 from __future__ import annotations
@@ -97,17 +97,25 @@ def test_proxy_container_turns_healthy_and_stops_on_sigterm(proxy_image: str) ->
 
 
 def test_vllm_image_loads_its_cpu_kernels_and_reads_the_model_as_its_user(vllm_image: str) -> None:
+    # The kernels are loaded the way vLLM's engine loads them: vllm-cpu ships one library per x86 level
+    # (_C for AVX-512 with BF16, _C_AVX512, _C_AVX2) and its platform picks the one this CPU runs; a plain
+    # `import vllm._C` dies of SIGILL on a CPU without AVX-512 BF16. The pick swallows a failed load
+    # with a warning, so the proof is an op the engine calls at start (cpu_worker.py), registered only
+    # by a library that loaded.
     probe = (
-        "import json, os, pathlib, vllm._C; "
+        "import json, os, pathlib, torch; "
+        "from vllm.platforms import current_platform; "
+        "current_platform.import_kernels(); "
         "files = [p for p in pathlib.Path('/models/fixture-vlm').rglob('*') if p.is_file()]; "
-        "print(json.dumps({'uid': os.getuid(), 'files': len(files), "
-        "'unreadable': [str(p) for p in files if not os.access(p, os.R_OK)]}))"
+        "print(json.dumps({'uid': os.getuid(), 'kernels': hasattr(torch.ops._C, 'init_cpu_memory_env'), "
+        "'files': len(files), 'unreadable': [str(p) for p in files if not os.access(p, os.R_OK)]}))"
     )
     result = docker("run", "--rm", "--entrypoint", "python", vllm_image, "-c", probe, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["kernels"] is True, f"{facts}\n{result.stderr[-3000:]}"
     assert facts["uid"] == 10001 and facts["files"] > 3 and facts["unreadable"] == [], facts
-    # vllm._C links libnuma.so.1, which neither python:3.11-slim nor the Debian-made base carries: the
-    # import above loads only because the image's install step (scripts/install_vllm.sh) brought it
+    # every variant of vllm._C links libnuma.so.1, which neither python:3.11-slim nor the Debian-made base
+    # carries: the kernels load only because the image's install step (scripts/install_vllm.sh) brought it
     in_image = docker("run", "--rm", "--entrypoint", "sh", vllm_image, "-c", "dpkg-query -W -f='${Status}' libnuma1")
     assert in_image.stdout.strip() == "install ok installed", in_image.stdout + in_image.stderr

@@ -196,7 +196,10 @@ def test_prometheus_holds_the_upr_series_and_every_dashboard_query_returns_data(
             continue
         if not result:
             failures.append(f"{where}: no data for {q.expr}")
-        kind = quantity(q.expr)
+        # The shadow panels count off-mode traffic checked after the fact, which this traffic has none of
+        # (their ratio is 0/0 here, as in test_prometheus_live.py): they must return series, but their
+        # figures are checked by promtool (test_upr_queries.py) and the shadow proof, not against this.
+        kind = quantity(q.expr) if 'source="shadow"' not in q.expr else None
         for series in result if kind else []:
             labels = {k: v for k, v in series["metric"].items() if k in ("detector", "model", "reason")}
             want = expected(kind, labels, counted)
