@@ -13,4 +13,4 @@ if ! docker info >/dev/null 2>&1; then
   started=1
 fi
 [ -z "$started" ] || trap 'bash scripts/dockerd.sh stop' EXIT
-FAITHPROXY_STACK_SCALE_OUT=1 .venv/bin/python -m pytest tests/deploy/test_stack_scale_out.py -v -s "$@"
+FAITHPROXY_CONTAINER_TESTS=1 FAITHPROXY_STACK_SCALE_OUT=1 .venv/bin/python -m pytest tests/deploy/test_stack_scale_out.py -v -s "$@"
