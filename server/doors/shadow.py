@@ -6,10 +6,13 @@ server/admission/admit.py sets `Admitted.shadow`). Off mode (server/doors/off.py
 other: the client's bytes go to vLLM and vLLM's bytes come back, unchanged and unwaited; the only extra
 is a reference to each chunk it sent, kept (up to FAITHPROXY_SHADOW_MAX_BYTES) in a `ShadowCapture`.
 When the response has ended, `ShadowChecker.submit` takes the capture without waiting for anything, and a
-worker later replays the chain through the same driver and machine as `detect` mode (ChainSession, its
-generator a `Replay` of the captured chunks), so the shadow verdicts are the ones `detect` would have given
-on that chain. Only detectors that need nothing from the live stream make sense here (judge, prompt:
-FAITHPROXY_SHADOW_DETECTOR); only the chat-completions door's wire is read.
+worker later reads it in its door's wire (server/doors/shadow_wires.py: chat, completions, Responses,
+Messages) and replays it into detect mode's own machine (a DetectMachine, built by a ChainSession with
+detect mode's rules for that door) through the machine's public interface: the round's events go in one
+word at a time, and every check the machine asks for is answered before the next word is read (`replay`).
+So each step is checked as live detect mode checks it when the judge keeps up with decoding: on its own,
+with the steps before it as context, a second unfaithful step after a flag included. Only detectors that
+need nothing from the live stream make sense here (judge, prompt: FAITHPROXY_SHADOW_DETECTOR).
 
 Bounded everywhere: at most FAITHPROXY_SHADOW_QUEUE checks wait (each holding at most shadow_max_bytes:
 queue × max bytes is the most the waiting checks hold, 64 MiB by default),
@@ -27,33 +30,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
-from faithproxy.clients.sse import SSEBytesDecoder
-from faithproxy.clients.vllm import CHAT_PATH, UpstreamStream
+from faithproxy.clients.vllm import CHAT_PATH, COMPLETIONS_PATH
 from faithproxy.faithcore.context import JudgeUsage, RequestView
+from faithproxy.faithcore.errors import DetectorError
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.admission.admit import Admitted
-from faithproxy.server.observe.metrics import Metrics, ShadowOutcome, Source
+from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
+from faithproxy.server.observe.metrics import ShadowOutcome, Source, detector_error_label
 from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.step_metrics import perception_verdicts
 from faithproxy.server.observe.summary import summarize
 from faithproxy.server.observe.traces import RequestTrace
 from faithproxy.server.state import AppState
 
+if TYPE_CHECKING:  # the machine brings its segmenter (nltk): loaded with the first check, not here
+    from faithproxy.detectors.base import Detector
+    from faithproxy.faithcore.correction import ChainMachine, Check, Checked, Event
+
 log = logging.getLogger("faithproxy.shadow")
 
-# What a replayed round keeps of a chunk: usage is the original request's, not the check's spend.
-_DROPPED = ("usage",)
+# The vLLM endpoints whose wire a check reads (server/doors/shadow_wires.py WIRES): a sampled request of a
+# door that forwards elsewhere keeps no capture and is counted unreadable.
+READABLE_OFF_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH})
 
 
 class ShadowCapture:
@@ -82,78 +87,29 @@ class ShadowCapture:
         return b"".join(self.parts)
 
 
-def chat_chunks(data: bytes, stream: bool) -> list[dict[str, Any]]:
-    """The chat chunks of a captured response (vLLM's SSE, or one JSON completion turned into one chunk),
-    without their usage; [] when it holds no choice to read."""
-    if not stream:
-        try:
-            body = json.loads(data)
-            message = body["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            return []
-        delta = {k: v for k, v in message.items() if k in ("role", "content", "reasoning", "reasoning_content")}
-        finish = body["choices"][0].get("finish_reason")
-        return [{"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}]
-    decoder = SSEBytesDecoder()
-    chunks = []
-    for event in [*decoder.feed(data), *decoder.flush()]:
-        if event.strip() == b"[DONE]":
-            break
-        try:
-            chunk = json.loads(event)
-        except ValueError:
-            return []
-        if isinstance(chunk, dict) and chunk.get("choices"):
-            chunks.append({k: v for k, v in chunk.items() if k not in _DROPPED})
-    return chunks
+async def replay(machine: ChainMachine, events: Iterable[Event], check: Callable[[Check], Awaitable[Checked]]) -> None:
+    """Drives `machine` (detect mode's) through one recorded round: one event at a time, and after each,
+    what the machine asks for until it waits for the next; a Check is answered (`check`) before another
+    event is read. Returns at its end; a Fail is raised. Emits go nowhere: the client was served already."""
+    from faithproxy.faithcore.correction import WAIT, Check, EmitEnd, Fail, StartRound
 
-
-class _ReplayBody:
-    """An UpstreamBody (clients/vllm.py) that sends what was captured."""
-
-    def __init__(self, data: bytes) -> None:
-        self.status = 200
-        self.headers = {"content-type": "text/event-stream"}
-        self._data = data
-
-    async def iter_raw(self) -> AsyncIterator[bytes]:
-        yield self._data
-
-    async def read(self) -> bytes:
-        return self._data
-
-    async def aclose(self) -> None:
-        return None
-
-
-@dataclass
-class Replay:
-    """The generator a shadow check's session reads its one round from: the captured chunks again."""
-
-    chunks: list[dict[str, Any]]
-
-    @asynccontextmanager
-    async def stream_chat(self, body: dict[str, Any], *, path: str = CHAT_PATH) -> AsyncIterator[UpstreamStream]:
-        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in self.chunks) + b"data: [DONE]\n\n"
-        yield UpstreamStream(_ReplayBody(data))
-
-
-class _ShadowMetrics:
-    """The app's metrics for a shadow session, but for the families a served request's steps are counted in
-    (faithproxy_steps_total and its companions: what clients were served): those go to a private registry,
-    and the check counts its steps itself, with source="shadow". Detector latency and errors, judge calls
-    and tokens are the app's."""
-
-    _PRIVATE = ("steps", "residual", "unchecked", "gated_steps", "regeneration_outcomes", "regeneration_attempts")
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        private = Metrics(CollectorRegistry(auto_describe=False))
-        for name in self._PRIVATE:
-            setattr(self, name, getattr(private, name))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._metrics, name)
+    pending = iter(events)
+    while True:
+        action = machine.next_action()
+        if action is WAIT:
+            event = next(pending, None)
+            if event is None:
+                raise RuntimeError("the recorded round has ended, but the machine waits for more")
+            machine.receive(event)
+        elif isinstance(action, Check):
+            machine.receive(await check(action))
+        elif isinstance(action, Fail):
+            raise action.error
+        elif isinstance(action, EmitEnd):
+            return
+        elif isinstance(action, StartRound) and action.prefix is not None:
+            raise RuntimeError("a replay has one round: the machine asked to continue in another")
+        # the first StartRound (the recording is that round), emits, notes: nothing to do
 
 
 class TokenBucket:
@@ -199,7 +155,6 @@ class ShadowChecker:
     detector: str
     _waiting: deque[_Sampled] = field(default_factory=deque)
     _workers: set[asyncio.Task[None]] = field(default_factory=set)
-    _metrics: Any = None
 
     @classmethod
     def from_state(cls, state: AppState) -> ShadowChecker:
@@ -211,11 +166,11 @@ class ShadowChecker:
         return cls(state, s.shadow_queue, s.shadow_concurrency, budget, s.shadow_detector)
 
     def capture_for(self, admitted: Admitted) -> ShadowCapture | None:
-        """A capture for a sampled request this checker can read (the chat wire), else None."""
+        """A capture for a sampled request this checker can read (READABLE_OFF_PATHS), else None."""
         if not admitted.shadow:
             return None
         door = self.state.doors.get(admitted.endpoint)
-        if door is None or door.off_path != CHAT_PATH:
+        if door is None or door.off_path not in READABLE_OFF_PATHS:
             return None
         return ShadowCapture(self.state.settings.shadow_max_bytes)
 
@@ -257,18 +212,24 @@ class ShadowChecker:
         # Loaded with the first check, not with this module: app.py imports the checker into every
         # server, and the driver brings the machine and its segmenter (nltk), which a server that only
         # passes requests through never needs (38 MiB of idle RSS in the overhead benchmark).
-        from faithproxy.server.chain.session import CHAT_WIRE, ChainSession
+        from faithproxy.faithcore.correction import DetectMachine
+        from faithproxy.server.chain.session import ChainSession
+        from faithproxy.server.doors.shadow_wires import WIRES, pieces
 
         state, admitted = self.state, item.admitted
         detector = state.detectors.get(self.detector)
         if detector is None:
             return ShadowOutcome.FAILED
-        chunks = chat_chunks(item.capture.data(), admitted.stream)
+        door = state.doors.get(admitted.endpoint)
+        wire = WIRES.get(door.off_path) if door is not None else None
+        request = wire.request(door, admitted.body) if wire is not None and door is not None else None
+        events = wire.events(item.capture.data(), admitted.stream) if wire is not None and request else None
         item.capture = ShadowCapture(0)  # the bytes are no longer needed
-        if not chunks:
+        if request is None or not events:
             return ShadowOutcome.UNREADABLE
+        assert door is not None
         started = time.perf_counter()
-        messages = admitted.body["messages"]
+        messages = request.messages
         images = images_in_messages(messages)
         policy = dataclasses.replace(admitted.policy, mode="detect", detector=self.detector, hints=False)
         if detector.uses_judge and state.judge_fetches_images(policy.judge):
@@ -285,31 +246,33 @@ class ShadowChecker:
         )
         spent = JudgeUsage()
         view.judge_state.on_call = functools.partial(self._on_judge_call, spent, admitted.key_policy)
-        if self._metrics is None:
-            self._metrics = _ShadowMetrics(state.metrics)
+        # Built as the door's detect mode builds it: the rules (batch size, gate, reasoning format of the
+        # door's wire) and the view its detectors read; its machine is driven here, not by session.run().
         session = ChainSession(
             settings=state.settings,
             policy=policy,
             view=view,
-            generator=Replay(chunks),  # type: ignore[arg-type]  # the VLLMClient's stream_chat, replayed
+            generator=None,  # type: ignore[arg-type]  # no round is run: the recorded one is replayed
             detector=detector,
             regenerator=state.regenerator,
-            metrics=self._metrics,
-            body=admitted.body,
+            metrics=state.metrics,
+            body=request.body,
             model_label=item.model,
-            wire=CHAT_WIRE,
+            wire=door.serving_class().wire,
         )
+        machine = session.core
+        assert isinstance(machine, DetectMachine)
+        check = functools.partial(self._verify, detector, session.view)
         error = None
         try:
-            async for _ in session.run():
-                pass
+            await replay(machine, pieces(events), check)
         except Exception as exc:  # noqa: BLE001 - the machine failed the chain (a detector error under `fail`)
             error = exc
-        result = session.result()
+        result = machine.result()
         generator_tokens = int(result.usage.get("total_tokens") or 0)  # self-checks: the replay carries none
         self.budget.spend(spent.budget_tokens + generator_tokens)
         state.metrics.shadow_tokens.inc(spent.budget_tokens + generator_tokens)
-        steps = list(session.steps)
+        steps = list(result.steps)
         state.metrics.count_perception(Source.SHADOW, item.model, admitted.endpoint, perception_verdicts(steps))
         elapsed = time.perf_counter() - started
         summary = summarize(
@@ -323,6 +286,26 @@ class ShadowChecker:
         )
         self._record(admitted, view, steps, summary, elapsed)
         return ShadowOutcome.FAILED if error is not None else ShadowOutcome.CHECKED
+
+    async def _verify(self, detector: Detector, view: RequestView, check: Check) -> Checked:
+        """One detector call for the machine's Check, counted as detect mode counts it (latency, batch size,
+        errors); a DetectorError is its result, which the machine judges under on-detector-error."""
+        from faithproxy.faithcore.correction import Checked
+
+        metrics, name = self.state.metrics, self.detector
+        started = time.perf_counter()
+        try:
+            result = await detector.check(view.with_accepted(check.accepted), check.steps)
+            if len(result.verdicts) != len(check.steps):
+                got = len(result.verdicts)
+                raise DetectorError(f"detector {name} returned {got} verdicts for {len(check.steps)} steps")
+            return Checked(list(result.verdicts), usage=result.usage, features=result.features)
+        except DetectorError as exc:
+            metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
+            return Checked(error=exc)
+        finally:
+            metrics.detector_latency.labels(name).observe(time.perf_counter() - started)
+            metrics.detector_batch.labels(name).observe(len(check.steps))
 
     def _on_judge_call(self, spent: JudgeUsage, policy: str, judge: str, call: JudgeUsage) -> None:
         spent.add(call)

@@ -22,7 +22,10 @@ from faithproxy.benchmarks.standins.judge_server import create_app as create_jud
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
-from faithproxy.server.doors.shadow import ShadowCapture, TokenBucket, chat_chunks
+from faithproxy.clients.vllm import CHAT_PATH
+from faithproxy.faithcore.correction import Delta, RoundEnd
+from faithproxy.server.doors.shadow import READABLE_OFF_PATHS, ShadowCapture, TokenBucket
+from faithproxy.server.doors.shadow_wires import WIRES
 from faithproxy.server.settings import Settings
 from faithproxy.testing import SENTENCES, FakeUpstream, metric, running_app
 from faithproxy.tinyvlm.processes import free_port
@@ -57,7 +60,9 @@ def records(tmp_path: Path) -> list[dict[str, Any]]:
 async def test_a_sampled_off_request_gets_off_s_bytes_and_detect_s_verdicts_after_the_fact(
     tmp_path: Path, stream: bool
 ) -> None:
-    async with proxy(tmp_path, shadow_share=1.0) as (http, state):
+    # max_batch_steps=1: the detect request checks each step on its own, as the replay does (live detect
+    # batches the steps that finished while the judge was busy: with this fake, all of them at once)
+    async with proxy(tmp_path, shadow_share=1.0, max_batch_steps=1) as (http, state):
         body = {**BODY, "stream": stream}
         plain = await http.post("/v1/chat/completions", json=body, headers={"x-faithproxy-mode": "off"})
         await state.shadow.drained()
@@ -135,14 +140,16 @@ async def test_what_the_queue_or_the_budget_cannot_take_is_counted_and_never_che
     assert [r["source"] for r in records(tmp_path)].count("shadow") == 1
 
 
-def test_a_capture_past_its_bound_holds_nothing_and_chunks_drop_usage() -> None:
+def test_a_capture_past_its_bound_holds_nothing_and_a_replayed_round_drops_usage() -> None:
     capture = ShadowCapture(limit=8)
     capture.add(b"12345")
     capture.add(b"6789")
     assert capture.overflow and capture.data() == b""
     sse = b'data: {"choices":[{"delta":{"content":"A."}}],"usage":{"total_tokens":9}}\n\ndata: [DONE]\n\n'
-    assert chat_chunks(sse, stream=True) == [{"choices": [{"delta": {"content": "A."}}]}]
-    assert chat_chunks(b"not json", stream=False) == []
+    chat = WIRES[CHAT_PATH]
+    assert chat.events(sse, True) == [Delta("content", "A."), RoundEnd(None, None, None)]
+    assert chat.events(b"not json", False) is None
+    assert set(WIRES) == READABLE_OFF_PATHS  # a capture is kept for exactly the doors a check can read
 
 
 def test_the_budget_refills_at_its_rate() -> None:
