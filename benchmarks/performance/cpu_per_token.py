@@ -19,6 +19,11 @@ regenerations' rounds included). The judge client's share is reported separately
 per token minus `correct`/`none`'s, and per judge call.
 Batches run in rounds of `--rounds`, the order of configurations rotating, so drift hits all alike.
 
+`--profile DIR` attaches py-spy (`pip install py-spy`) to each proxy for the measured rounds and writes
+DIR/<proxy>.svg (a flame graph) and DIR/<proxy>.txt (collapsed stacks, for
+benchmarks/performance/profile_breakdown.py); sampling costs the proxy some CPU, so a profiled run's
+figures are not for comparison.
+
 `--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
 <checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after
 in one run.
@@ -30,10 +35,13 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,9 +85,20 @@ CONFIGS = [
 ]
 
 
+def kernel_seconds(pid: int) -> float | None:
+    """The process's CPU time spent in the kernel (socket reads and writes, epoll), from /proc's
+    ticks; None where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")  # stime: field 15 of stat, 13 after the name
+
+
 @dataclass
 class Tally:
     cpu_s: float = 0.0
+    kernel_s: float = 0.0
     wall_s: float = 0.0
     tokens: int = 0
     requests: int = 0
@@ -190,10 +209,14 @@ async def batch(
                 if len(tally.examples) < 3:
                     tally.examples.append(error)
 
-    before, started = cpu_seconds(proxy.child.process.pid), time.perf_counter()
+    pid = proxy.child.process.pid
+    before, kernel_before, started = cpu_seconds(pid), kernel_seconds(pid), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await asyncio.sleep(0.2)  # the proxy writes traces and counts after the last byte
-    tally.cpu_s = cpu_seconds(proxy.child.process.pid) - before
+    tally.cpu_s = cpu_seconds(pid) - before
+    kernel_after = kernel_seconds(pid)
+    if kernel_before is not None and kernel_after is not None:
+        tally.kernel_s = kernel_after - kernel_before
     tally.wall_s = time.perf_counter() - started
     return tally
 
@@ -212,7 +235,11 @@ async def judge_requests(http: httpx.AsyncClient, judge_url: str) -> int:
 
 
 async def measure(
-    proxies: list[Proxy], judge_url: str, model: str, args: argparse.Namespace
+    proxies: list[Proxy],
+    judge_url: str,
+    model: str,
+    args: argparse.Namespace,
+    profile: Callable[[], None] | None = None,
 ) -> tuple[dict[str, dict[str, Tally]], dict[str, float]]:
     asked = questions(max(args.requests, 16))
     per_round = max(1, args.requests // args.rounds)
@@ -225,6 +252,8 @@ async def measure(
             for config in configs:
                 await batch(http, proxy, config, warm[:2], 2)
         idle = await idle_cpu(proxies, args.idle_s) if args.idle_s > 0 else {}
+        if profile is not None:  # after the warm-up: imports and first-use caches are not the per-token path
+            profile()
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds} ...", file=sys.stderr, flush=True)
             start = r * per_round
@@ -238,6 +267,7 @@ async def measure(
                     got.judge_calls = await judge_requests(http, judge_url) - calls_before
                     total = tallies[proxy.name][config.name]
                     total.cpu_s += got.cpu_s
+                    total.kernel_s += got.kernel_s
                     total.wall_s += got.wall_s
                     total.tokens += got.tokens
                     total.requests += got.requests
@@ -258,6 +288,7 @@ def report(tallies: dict[str, dict[str, Tally]], idle: dict[str, float] | None =
             t = by_config[config.name]
             row: dict[str, Any] = {
                 "cpu_us_per_token": t.per_token_us(),
+                "kernel_us_per_token": round(t.kernel_s / t.tokens * 1e6, 1) if t.tokens else None,
                 "tokens": t.tokens,
                 "requests": t.requests,
                 "tokens_per_request": round(t.tokens / t.requests, 1) if t.requests else None,
@@ -363,6 +394,31 @@ def generator_url(args: argparse.Namespace, workdir: Path, started: list[process
     return str(vllm.base_url)
 
 
+def start_profilers(proxies: list[Proxy], folder: Path) -> list[subprocess.Popen[bytes]]:
+    """py-spy attached to each proxy: a flame graph and collapsed stacks, written when stopped."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for proxy in proxies:
+        pid = str(proxy.child.process.pid)
+        for fmt, suffix in (("flamegraph", "svg"), ("raw", "txt")):
+            target = folder / f"{proxy.name}.{suffix}"
+            argv = [spy, "record", "--pid", pid, "--rate", "250", "--nonblocking", "--format", fmt, "-o", str(target)]
+            out.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1.0)  # attached before the first request
+    return out
+
+
+def stop_profilers(profilers: list[subprocess.Popen[bytes]]) -> None:
+    for spy in profilers:  # py-spy writes its output on SIGINT
+        spy.send_signal(signal.SIGINT)
+    for spy in profilers:
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
 @processes.supervised()  # a signal or a failure stops every server started inside
 def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-cpu-"))
@@ -383,7 +439,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for proxy in proxies:
             proxy.child.wait_healthy(f"{proxy.url}/readyz", 60)
         started_at = time.perf_counter()
-        tallies, idle = asyncio.run(measure(proxies, judge_url, model, args))
+        profilers: list[subprocess.Popen[bytes]] = []
+        profile = (lambda: profilers.extend(start_profilers(proxies, Path(args.profile)))) if args.profile else None
+        try:
+            tallies, idle = asyncio.run(measure(proxies, judge_url, model, args, profile))
+        finally:
+            stop_profilers(profilers)
         wall = time.perf_counter() - started_at
     finally:
         processes.stop_all(started)
@@ -417,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs", help="only these, comma-separated: mode/detector[/stream|/non-stream], e.g. off/none/stream"
     )
     parser.add_argument("--baseline", metavar="SITE", help="also measure the faithproxy installed in SITE")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy flame graphs of each proxy into DIR")
     parser.add_argument("--workdir", help="logs (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")
     return parser
