@@ -26,7 +26,13 @@ from pathlib import Path
 STAGES: list[tuple[str, re.Pattern[str]]] = [
     ("metrics", re.compile(r"prometheus_client/|server/observe/(metrics|step_metrics)\.py")),
     ("traces", re.compile(r"opentelemetry/|server/observe/")),
-    ("check (judge client)", re.compile(r"faithproxy/(detectors|regenerators)/|clients/(judge|anthropic|openai_j|call_gate)|anthropic/|openai/|httpx|httpcore|pydantic")),
+    (
+        "check (judge client)",
+        re.compile(
+            r"faithproxy/(detectors|regenerators)/|clients/(judge|anthropic|openai_j|call_gate)"
+            r"|anthropic/|openai/|httpx|httpcore|pydantic"
+        ),
+    ),
     ("segment", re.compile(r"faithcore/segmenter\.py|faithcore/punkt")),
     ("type", re.compile(r"faithcore/(step_typer|keyword_typer|kinds)\.py")),
     ("parse", re.compile(r"faithcore/correction/wire\.py|clients/sse\.py")),
