@@ -9,7 +9,10 @@ Part 1: vLLM serves the committed ShapesWorld model; faithproxy runs in this pro
 (benchmarks/standins/judge_server.py --shapesworld) and FAITHPROXY_SHADOW_SHARE=1.0. Each item (scenes of
 the development seeds 997 and 999 only, half each) is sent twice, greedy: in off mode (checked after the
 fact) and in detect mode. A pair counts when both chains are the same text; over those pairs the shadow
-report's perception steps and flags are added up beside detect's, per chain and in total.
+report's perception steps and flags are added up beside detect's, per chain and in total, and each step's
+kind and detected verdict are compared one by one (`steps_equal`). Detect mode runs with each step checked
+on its own (FAITHPROXY_MAX_BATCH_STEPS=1), as the shadow replay checks them: live detect batches the steps
+that ended while the judge was busy, and a judge names only the first unfaithful step of a batch.
 
 Part 2: a proxy in front of the fake vLLM at share `--share` serves `--requests` off requests; the number
 checked (faithproxy_shadow_requests_total) is compared with the 99.9% two-sided interval of
@@ -72,7 +75,9 @@ def _judge(url: str) -> JudgeConfig:
 async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
     items = [*heldout_items(n // 2, SEEDS[0]), *heldout_items(n - n // 2, SEEDS[1])]
     async with running_judge_server(create_judge_app(PixelJudge())) as judge_url:
-        settings = Settings(upstream_url=vllm_url, judges=[_judge(judge_url)], shadow_share=1.0, max_retries=0)
+        settings = Settings(
+            upstream_url=vllm_url, judges=[_judge(judge_url)], shadow_share=1.0, max_retries=0, max_batch_steps=1
+        )
         app = create_app(settings)
         async with running_app(app) as url, httpx.AsyncClient(base_url=url, timeout=600) as http:
             state = app.state.faithproxy
@@ -102,6 +107,8 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
         shadow_f = (shadow or {}).get("faithfulness") or {}
         detect_text = " ".join(str(s.get("text")) for s in detect_f.get("steps", []))
         shadow_text = " ".join(str(s.get("text")) for s in shadow_f.get("steps", []))
+        detect_steps = [[s.get("kind"), s.get("detected")] for s in detect_f.get("steps", [])]
+        shadow_steps = [[s.get("kind"), s.get("detected")] for s in shadow_f.get("steps", [])]
         rows.append(
             {
                 "item": item_id,
@@ -109,6 +116,9 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
                 "same_chain": bool(shadow) and bool(detect) and detect_text == shadow_text,
                 "detect": [detect_f.get("perception_steps"), detect_f.get("unfaithful_detected")],
                 "shadow": [shadow_f.get("perception_steps"), shadow_f.get("unfaithful_detected")],
+                "steps_equal": detect_steps == shadow_steps,
+                "detect_steps": detect_steps,  # [kind, detected verdict] of each step
+                "shadow_steps": shadow_steps,
             }
         )
     same = [r for r in rows if r["same_chain"]]
@@ -123,6 +133,7 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
         "items": len(rows),
         "same_chains": len(same),
         "chains_with_equal_counts": sum(1 for r in same if r["detect"] == r["shadow"]),
+        "chains_with_equal_steps": sum(1 for r in same if r["steps_equal"]),
         "detect": upr("detect"),
         "shadow": upr("shadow"),
         "equal": upr("detect") == upr("shadow"),
@@ -183,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(time.time() - started, 1),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
-    summary = {k: result["same_chains"][k] for k in ("items", "same_chains", "detect", "shadow", "equal")}
+    keys = ("items", "same_chains", "chains_with_equal_steps", "detect", "shadow", "equal", "metrics")
+    summary = {k: result["same_chains"][k] for k in keys}
     print(json.dumps({"same_chains": summary, "sampling": result["sampling"]}, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
