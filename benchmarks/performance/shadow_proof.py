@@ -3,7 +3,7 @@ share 1.0 equals detect mode's on the same chains; at share s over N off request
 stays within binomial bounds.
 
     python -m faithproxy.benchmarks.performance.shadow_proof [--n 20 --share 0.3 --requests 400 \\
-        --json benchmarks/results/shadow-proof.json]
+        --doors responses,messages --json benchmarks/results/shadow-proof.json]
 
 Part 1: vLLM serves the committed ShapesWorld model; faithproxy runs in this process with the pixel judge
 (benchmarks/standins/judge_server.py --shapesworld) and FAITHPROXY_SHADOW_SHARE=1.0. Each item (scenes of
@@ -13,6 +13,11 @@ report's perception steps and flags are added up beside detect's, per chain and 
 kind and detected verdict are compared one by one (`steps_equal`). Detect mode runs with each step checked
 on its own (FAITHPROXY_MAX_BATCH_STEPS=1), as the shadow replay checks them: live detect batches the steps
 that ended while the judge was busy, and a judge names only the first unfaithful step of a batch.
+
+With `--doors`, the same is done on the Responses and Messages doors (each API's own request for the same
+question; off mode's capture is vLLM's /v1/responses or /v1/messages wire, detect mode runs the door's
+translation to chat). The completions door is not in it: its raw prompt carries no image, which the pixel
+judge needs (tests/server/test_shadow_steps.py covers it against the fake vLLM).
 
 Part 2: a proxy in front of the fake vLLM at share `--share` serves `--requests` off requests; the number
 checked (faithproxy_shadow_requests_total) is compared with the 99.9% two-sided interval of
@@ -72,8 +77,26 @@ def _judge(url: str) -> JudgeConfig:
     return JudgeConfig(name="pixels", backend="anthropic", model="pixel-judge", base_url=url, api_key="sk-proof")  # type: ignore[arg-type]
 
 
-async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
+DOOR_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def door_body(door: str, prompt: str, image_url: str, stream: bool) -> dict[str, Any]:
+    """One ShapesWorld question on `door`, greedy: the same chat turn in the door's own API."""
+    common = {"model": SERVED_NAME, "temperature": 0, "stream": stream}
+    if door == "responses":
+        parts = [{"type": "input_image", "image_url": image_url}, {"type": "input_text", "text": prompt}]
+        return {**common, "input": [{"role": "user", "content": parts}], "max_output_tokens": MAX_TOKENS}
+    if door == "messages":
+        media, _, data = image_url.removeprefix("data:").partition(";base64,")
+        image = {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+        content = [image, {"type": "text", "text": prompt}]
+        return {**common, "messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS}
+    return {**common, "messages": [user_message(prompt, image_url)], "max_tokens": MAX_TOKENS}
+
+
+async def same_chains(vllm_url: str, n: int, door: str = "chat") -> dict[str, Any]:
     items = [*heldout_items(n // 2, SEEDS[0]), *heldout_items(n - n // 2, SEEDS[1])]
+    path = DOOR_PATHS[door]
     async with running_judge_server(create_judge_app(PixelJudge())) as judge_url:
         settings = Settings(
             upstream_url=vllm_url, judges=[_judge(judge_url)], shadow_share=1.0, max_retries=0, max_batch_steps=1
@@ -83,17 +106,10 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
             state = app.state.faithproxy
             pairs = []
             for i, item in enumerate(items):
-                body = {
-                    "model": SERVED_NAME,
-                    "messages": [user_message(item.question.prompt, data_url(item.scene))],
-                    "temperature": 0,
-                    "max_tokens": MAX_TOKENS,
-                    "stream": i % 2 == 0,  # streamed and whole responses alike
-                }
-                off = await http.post("/v1/chat/completions", json=body, headers={"x-faithproxy-mode": "off"})
-                detect = await http.post(
-                    "/v1/chat/completions", json={**body, "stream": False}, headers={"x-faithproxy-mode": "detect"}
-                )
+                # streamed and whole responses alike
+                body = door_body(door, item.question.prompt, data_url(item.scene), stream=i % 2 == 0)
+                off = await http.post(path, json=body, headers={"x-faithproxy-mode": "off"})
+                detect = await http.post(path, json={**body, "stream": False}, headers={"x-faithproxy-mode": "detect"})
                 await state.shadow.drained()
                 reports = []
                 for response in (detect, off):  # the stored reports hold each step's text
@@ -101,6 +117,8 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
                     reports.append(found.json() if found.status_code == 200 else None)
                 pairs.append((item.id, off, *reports))
             text = (await http.get("/metrics")).text
+            sampled = "faithproxy_shadow_requests_total"
+            outcomes = {o: metric(text, sampled, outcome=o) for o in ("checked", "unreadable", "failed")}
     rows = []
     for item_id, off, detect, shadow in pairs:
         detect_f = (detect or {}).get("faithfulness") or {}
@@ -129,6 +147,7 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
         return {"perception_steps": steps, "unfaithful": flagged, "upr": round(flagged / steps, 6) if steps else None}
 
     return {
+        "door": path,
         "seeds": list(SEEDS),
         "items": len(rows),
         "same_chains": len(same),
@@ -137,6 +156,7 @@ async def same_chains(vllm_url: str, n: int) -> dict[str, Any]:
         "detect": upr("detect"),
         "shadow": upr("shadow"),
         "equal": upr("detect") == upr("shadow"),
+        "shadow_outcomes": outcomes,
         "metrics": {
             source: {
                 v: metric(text, "faithproxy_perception_steps_total", source=source, verdict=v)
@@ -179,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--model", default=str(WEIGHTS_DIR))
     parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--doors", default="", help="other doors read the same way, e.g. responses,messages")
     args = parser.parse_args(argv)
     started = time.time()
     result: dict[str, Any] = {"command": "python -m faithproxy.benchmarks.performance.shadow_proof " + " ".join(
@@ -186,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         with start_vllm(args.model, served_model_name=SERVED_NAME, log_path=Path(tmp) / "vllm.log") as vllm:
             result["same_chains"] = asyncio.run(same_chains(vllm.base_url, args.n))
+            doors = [d for d in args.doors.split(",") if d]
+            if doors:
+                result["doors"] = {d: asyncio.run(same_chains(vllm.base_url, args.n, d)) for d in doors}
     result["sampling"] = asyncio.run(sampled_counts(args.share, args.requests))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result |= {
@@ -196,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     keys = ("items", "same_chains", "chains_with_equal_steps", "detect", "shadow", "equal", "metrics")
     summary = {k: result["same_chains"][k] for k in keys}
-    print(json.dumps({"same_chains": summary, "sampling": result["sampling"]}, indent=2))
+    doors = {d: {k: r[k] for k in keys + ("shadow_outcomes",)} for d, r in result.get("doors", {}).items()}
+    print(json.dumps({"same_chains": summary, "doors": doors, "sampling": result["sampling"]}, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
