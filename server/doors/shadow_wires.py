@@ -172,14 +172,18 @@ def _responses_events(data: bytes, stream: bool) -> Events | None:
                 events.append(Delta("content", obj["delta"]))
             elif kind in ("response.completed", "response.incomplete"):
                 final = obj.get("response")
+            elif kind in ("response.failed", "error"):
+                return None  # the response broke off: what came before it is no whole chain
         response = final if isinstance(final, dict) else {}
     else:
         response = _json(data) or {}
         for item in response.get("output") or ():
             field = {"reasoning": "reasoning", "message": "content"}.get(item.get("type"))
-            for part in item.get("content") or () if field is not None else ():
+            if field is None:
+                continue
+            for part in item.get("content") or ():
                 if part.get("type") in ("reasoning_text", "output_text") and isinstance(part.get("text"), str):
-                    events.append(Delta(field, part["text"]))  # type: ignore[arg-type]
+                    events.append(Delta(field, part["text"]))
     if not events:
         return None
     incomplete = response.get("status") == "incomplete"
@@ -198,6 +202,8 @@ def _messages_events(data: bytes, stream: bool) -> Events | None:
             return None
         for obj in objs:
             kind, delta = obj.get("type"), obj.get("delta") or {}
+            if kind == "error":
+                return None  # the stream broke off: what came before it is no whole chain
             if kind == "message_start":
                 message_id = (obj.get("message") or {}).get("id")
             elif kind == "content_block_delta" and delta.get("type") == "thinking_delta":

@@ -27,7 +27,8 @@ from faithproxy.faithcore.correction import (
 )
 from faithproxy.faithcore.types import Faithfulness, Verdict
 from faithproxy.server.doors.shadow import replay
-from faithproxy.server.doors.shadow_wires import pieces
+from faithproxy.server.doors.shadow_wires import WIRES, pieces
+from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
 
 CHAIN = [
     "The image shows a red circle. ",
@@ -108,3 +109,15 @@ def test_pieces_cut_text_into_words_and_keep_every_character() -> None:
     cut = list(pieces(events))
     assert [e.text for e in cut if isinstance(e, Delta)] == ["  A", " red", " circle.", "\n\nIt", " is", "  big.", " "]
     assert cut[-1] == RoundEnd("stop")
+
+
+def test_a_responses_or_messages_stream_that_failed_holds_no_chain() -> None:
+    delta = b'event: response.reasoning_text.delta\ndata: {"type": "response.reasoning_text.delta", "delta": "A."}\n\n'
+    failed = b'event: response.failed\ndata: {"type": "response.failed", "response": {"status": "failed"}}\n\n'
+    done = b'event: response.completed\ndata: {"type": "response.completed", "response": {"id": "r"}}\n\n'
+    assert WIRES[RESPONSES_PATH].events(delta + failed, True) is None
+    assert WIRES[RESPONSES_PATH].events(delta + done, True) == [Delta("reasoning", "A."), RoundEnd("stop", None, "r")]
+    text = b'data: {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "A."}}\n\n'
+    error = b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"}}\n\n'
+    assert WIRES[MESSAGES_PATH].events(text + error, True) is None
+    assert WIRES[MESSAGES_PATH].events(text, True) == [Delta("content", "A."), RoundEnd(None, None, None)]
