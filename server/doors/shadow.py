@@ -59,6 +59,9 @@ log = logging.getLogger("faithproxy.shadow")
 # The vLLM endpoints whose wire a check reads (server/doors/shadow_wires.py WIRES): a sampled request of a
 # door that forwards elsewhere keeps no capture and is counted unreadable.
 READABLE_OFF_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH})
+# Events a replay reads between two turns of the event loop (about a millisecond of the machine's work): the
+# requests being served share the loop with the checks.
+_YIELD_EVERY = 256
 
 
 class ShadowCapture:
@@ -94,6 +97,7 @@ async def replay(machine: ChainMachine, events: Iterable[Event], check: Callable
     from faithproxy.faithcore.correction import WAIT, Check, EmitEnd, Fail, StartRound
 
     pending = iter(events)
+    read = 0
     while True:
         action = machine.next_action()
         if action is WAIT:
@@ -101,6 +105,9 @@ async def replay(machine: ChainMachine, events: Iterable[Event], check: Callable
             if event is None:
                 raise RuntimeError("the recorded round has ended, but the machine waits for more")
             machine.receive(event)
+            read += 1
+            if read % _YIELD_EVERY == 0:  # a long run of steps with nothing to check must not hold the loop
+                await asyncio.sleep(0)
         elif isinstance(action, Check):
             machine.receive(await check(action))
         elif isinstance(action, Fail):
