@@ -6,11 +6,12 @@ STACKS.txt is what `py-spy record --format raw` writes (cpu_per_token.py `--prof
 DIR/<proxy>.txt): one line per distinct stack, frames root first separated by `;`, then a count. Each
 sample goes to the stage of the frame nearest its leaf that names one (STAGES, first match wins per
 frame), so a JSON encode called by the door's chunk renderer counts as "write", one called by the judge
-client as "check". A sample whose leaf is the event loop's own frame (`Runner.run`: uvloop's C code,
-which py-spy cannot see into: epoll, socket reads and writes, scheduling callbacks) is "event loop".
-py-spy cannot tell uvloop's wait in epoll from its work, so "event loop" holds the idle time as well:
-the shares of the other stages are comparable with one another, and the measured CPU per token
-(cpu_per_token.py's `user`/`system` split) says how much of the whole is the kernel's.
+client as "check" (any sample under the judge client is "check"). A sample whose leaf is the event
+loop's own frame (`Runner.run`: uvloop's C code, which py-spy cannot see into: epoll, socket reads and
+writes, scheduling callbacks) is "event loop". py-spy cannot tell uvloop's wait in epoll from its work,
+so "event loop" holds the idle time as well: the shares of the other stages are comparable with one
+another, and the measured CPU per token (cpu_per_token.py's `kernel_us_per_token`) says how much of the
+whole is the kernel's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+CHECK = re.compile(r"faithproxy/(detectors|regenerators)/|clients/(judge|anthropic|openai_j|call_gate)")
 # (stage, pattern on one frame); a frame is "function (file:line)"
 STAGES: list[tuple[str, re.Pattern[str]]] = [
     ("metrics", re.compile(r"prometheus_client/|server/observe/(metrics|step_metrics)\.py")),
@@ -49,6 +51,8 @@ OTHER = "other"
 def stage_of(frames: Sequence[str]) -> str:
     if frames and frames[-1].startswith("Runner.run "):
         return EVENT_LOOP
+    if any(CHECK.search(frame) for frame in frames):  # the judge client's socket writes are its own
+        return "check (judge client)"
     for frame in reversed(frames):
         for stage, pattern in STAGES:
             if pattern.search(frame):
@@ -79,10 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = {}
     for path in args.stacks:
         counts = breakdown(Path(path).read_text())
-        out[path] = {"samples": sum(counts.values()), "percent": shares(counts)}
-        print(f"{path}: {out[path]['samples']} samples")
+        python = Counter({stage: n for stage, n in counts.items() if stage != EVENT_LOOP})
+        out[path] = {
+            "samples": sum(counts.values()),
+            "percent": shares(counts),
+            "percent_of_python": shares(python),  # the event loop's samples (idle included) left out
+        }
+        print(f"{path}: {out[path]['samples']} samples; % of all, % of those in Python code")
         for stage, pct in out[path]["percent"].items():
-            print(f"  {stage:22} {pct:5.1f}%")
+            print(f"  {stage:22} {pct:5.1f}%  {out[path]['percent_of_python'].get(stage, ''):>5}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
