@@ -153,10 +153,13 @@ def test_streamed_chat_in_correct_mode_is_corrected_with_verified_steps(traffic:
     assert [s["detected"] for s in perception].count("unfaithful") == 1
 
 
-def expected(kind: str, labels: dict[str, str], counted: list[Sent]) -> float | None:
-    """The ratio the traffic implies for a series (None: a kind or label this test does not compute)."""
+def expected(kind: str, labels: dict[str, str], counted: list[Sent], door: str) -> float | None:
+    """The ratio the traffic implies for a series (None: a kind or label this test does not compute).
+    `door` is the endpoint all the traffic came through; another endpoint had none (0/0, NaN)."""
     if kind not in ("detected", "residual") or "reason" in labels or labels.get("model", MODEL) != MODEL:
         return None
+    if labels.get("endpoint", door) != door:
+        return math.nan
     rows = [s.summary for s in counted if labels.get("detector", s.summary["detector"]) == s.summary["detector"]]
     numerator = sum(r["unfaithful_detected" if kind == "detected" else "residual"] for r in rows)
     return numerator / sum(r["perception_steps"] for r in rows)
@@ -186,6 +189,10 @@ def test_prometheus_holds_the_upr_series_and_every_dashboard_query_returns_data(
         assert value is not None and 0 <= value <= 1, (name, value)
 
     covering = f"{int(time.time() - cpu_stack.started_at) + 60}s"  # type: ignore[attr-defined]
+    (door,) = [
+        s["metric"]["endpoint"]
+        for s in prometheus_query(cpu_stack, "sum by (endpoint) (faithproxy_requests_total) > 0")
+    ]
     failures, compared = [], 0
     for q in assets.dashboard_queries():
         where = f"{q.panel} [{q.ref}]"
@@ -200,15 +207,23 @@ def test_prometheus_holds_the_upr_series_and_every_dashboard_query_returns_data(
         # (their ratio is 0/0 here, as in test_prometheus_live.py): they must return series, but their
         # figures are checked by promtool (test_upr_queries.py) and the shadow proof, not against this.
         kind = quantity(q.expr) if 'source="shadow"' not in q.expr else None
+        # A 95% Wilson interval's bounds (the ratio -/+ 1.96 * sqrt(...)) are not the ratio: each must lie
+        # on its side of it.
+        bound = (" - 1.96 * sqrt(" in q.expr) - (" + 1.96 * sqrt(" in q.expr)  # 1: lower, -1: upper, 0: the ratio
         for series in result if kind else []:
-            labels = {k: v for k, v in series["metric"].items() if k in ("detector", "model", "reason")}
-            want = expected(kind, labels, counted)
+            labels = {k: v for k, v in series["metric"].items() if k in ("detector", "model", "reason", "endpoint")}
+            want = expected(kind, labels, counted, door)
             if want is None:
                 continue
             compared += 1
             value = float(series["value"][1])
-            if not math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12):
-                failures.append(f"{where} {labels}: {kind} {value!r}, the traffic gives {want!r}")
+            if math.isnan(want) or not bound:
+                ok = math.isnan(value) if math.isnan(want) else math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12)
+            else:
+                ok = 0 <= value <= 1 and (value <= want if bound > 0 else value >= want)
+            if not ok:
+                side = {1: " (lower bound)", -1: " (upper bound)"}.get(bound, "")
+                failures.append(f"{where} {labels}: {kind}{side} {value!r}, the traffic gives {want!r}")
     assert not failures, "\n".join(failures)
     assert compared >= 4, "the UPR panels were not compared with the traffic"
 
