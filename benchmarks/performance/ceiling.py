@@ -15,6 +15,9 @@ CPU per token (all its processes), and what that CPU per token means for one cor
 token), the tokens per second one fully used worker passes. The second is the figure to plan with on
 a machine whose client, upstream and judge do not share the proxy's cores (here they share two), and
 `cores_for_10k` is how many proxy cores a GPU emitting 10,000 tokens/s needs at that rate.
+`--delay-ms D` paces the upstream (a pause before each chunk), so that each read brings one token,
+as vLLM's decode steps do, rather than as many as the socket holds: the sizing figure for a real GPU
+lies between the paced and the unpaced runs.
 `--baseline SITE` adds `--workers 1` of the faithproxy installed in SITE (`pip install --no-deps
 --target SITE <checkout>`): before and after in one run.
 """
@@ -54,7 +57,7 @@ def judge_env(judge_url: str) -> dict[str, str]:
 
 
 async def measure(proxies: list[targets.Target], args: argparse.Namespace) -> dict[str, Any]:
-    body = request_body(stream=True, chunks=args.chunks)
+    body = request_body(stream=True, chunks=args.chunks, delay_ms=args.delay_ms)
     out: dict[str, Any] = {}
     for mode in args.modes.split(","):
         headers = MODES[mode]
@@ -169,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=200, help="streamed requests per window")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--chunks", type=int, default=200, help="completion tokens (content chunks) per answer")
+    parser.add_argument(
+        "--delay-ms", type=float, default=0.0, help="the upstream's pause before each chunk (0: as fast as it can)"
+    )
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--workers", default="1,2", help="worker counts to race, comma-separated")
     parser.add_argument("--baseline", metavar="SITE", help="also measure --workers 1 of the faithproxy in SITE")

@@ -66,6 +66,8 @@ from faithproxy.server.settings import Settings
 # once would be hashed to it again and refused.
 RESUME_BACKOFF_S = (0.5, 1.0, 2.0)
 
+_EMITS = (EmitText, EmitExtra, EmitVerdicts, EmitEnd)
+
 __all__ = ["CHAT_WIRE", "ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "RoundWire"]
 
 
@@ -165,7 +167,22 @@ class ChainSession:
 
     async def run(self) -> AsyncIterator[Emit]:
         """Performs the machine's actions until it ends; a failure is raised after what was emitted."""
+        batches = self.run_batches()
+        try:
+            async for batch in batches:
+                for action in batch:
+                    yield action
+        finally:  # closed with this generator, not left to the garbage collector: its round closes now
+            await batches.aclose()
+
+    async def run_batches(self) -> AsyncIterator[list[Emit]]:
+        """`run`'s emits, those the machine gives without waiting in between handed over together, so
+        that a door writes what one upstream read brought as one write (one syscall, one pass through
+        the middleware). A batch is handed over before any wait, so no emit is held back."""
         core, detect = self.core, self.policy.mode == "detect"
+        ready: list[Emit] = []
+        # actions done without waiting (detect mode hands a check to its checker task): a batch goes on
+        no_wait: tuple[type, ...] = (StartRound, Check) if detect else (StartRound,)
         checks: asyncio.Queue[Check] = asyncio.Queue()  # detect mode: work for the checker
         task: asyncio.Task[None] | None = None
         # detect mode checks beside the rounds, for the whole request: a round may be resumed while a
@@ -174,6 +191,16 @@ class ChainSession:
         try:
             while True:
                 action = core.next_action()
+                if isinstance(action, _EMITS):
+                    if self._deliver(action):
+                        ready.append(action)
+                        if isinstance(action, EmitEnd):
+                            yield ready
+                            return
+                    continue
+                if ready and not isinstance(action, no_wait):
+                    yield ready  # before any wait (or a failure): what was emitted goes out first
+                    ready = []
                 if action is WAIT:  # the round's next step or end (in detect mode: or a check's result)
                     await self._next_event()
                 elif isinstance(action, StartRound):
@@ -195,10 +222,6 @@ class ChainSession:
                     raise action.error
                 elif isinstance(action, Note):
                     await self._note(action)
-                elif self._deliver(action):
-                    yield action
-                    if isinstance(action, EmitEnd):
-                        return
         finally:
             helpers = [t for t in (task, checker) if t is not None]
             # Every helper is cancelled before the first await: under a cancelled anyio scope (starlette's

@@ -110,11 +110,11 @@ class ChatServing:
             wire=self.wire,
         )
         self.state.metrics.in_flight.inc()
-        events = self.session.run().__aiter__()
+        events = self.session.run_batches().__aiter__()
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
-            first = EmitEnd(None)
+            first = [EmitEnd(None)]
         except FaithproxyError as exc:
             self.error = exc
             self._finish()
@@ -154,18 +154,20 @@ class ChatServing:
 
     # ---- streams ------------------------------------------------------------------------------
 
-    async def _sse(self, first: Emit, events: AsyncIterator[Emit]) -> AsyncIterator[bytes]:
+    async def _sse(self, first: list[Emit], events: AsyncIterator[list[Emit]]) -> AsyncIterator[bytes]:
+        """The stream: the frames of one batch of emits (what one upstream read brought) as one write."""
         assert self.session is not None
         chunks = self._chunks()
         try:
-            item: Emit | None = first
-            while item is not None:
-                for data in self._frames_for(item, chunks):
+            batch: list[Emit] | None = first
+            while batch is not None:
+                frames = [data for item in batch for data in self._frames_for(item, chunks)]
+                if frames:
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - self.started
                         self.state.metrics.ttft.labels(self.policy.mode, self.admitted.endpoint).observe(self.ttft)
-                    yield data
-                item = await anext(events, None)
+                    yield frames[0] if len(frames) == 1 else b"".join(frames)
+                batch = await anext(events, None)
             stream_options = self.body.get("stream_options") or {}
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
                 yield frame({**chunks.usage_chunk(dict(self.session.result().usage)), **self._judge_usage()})
@@ -228,20 +230,21 @@ class ChatServing:
 
     # ---- non-stream ---------------------------------------------------------------------------
 
-    async def _collect(self, first: Emit, events: AsyncIterator[Emit]) -> Response:
+    async def _collect(self, first: list[Emit], events: AsyncIterator[list[Emit]]) -> Response:
         assert self.session is not None
         finish_reason: str | None = None
         extras: dict[str, Any] = {}
         try:
-            item: Emit | None = first
-            while item is not None:
-                if isinstance(item, EmitText):
-                    self.answer[item.field] = self.answer.get(item.field, "") + item.text
-                elif isinstance(item, EmitExtra):
-                    extras.update(item.delta)
-                elif isinstance(item, EmitEnd):
-                    finish_reason = item.finish_reason
-                item = await anext(events, None)
+            batch: list[Emit] | None = first
+            while batch is not None:
+                for item in batch:
+                    if isinstance(item, EmitText):
+                        self.answer[item.field] = self.answer.get(item.field, "") + item.text
+                    elif isinstance(item, EmitExtra):
+                        extras.update(item.delta)
+                    elif isinstance(item, EmitEnd):
+                        finish_reason = item.finish_reason
+                batch = await anext(events, None)
         except FaithproxyError as exc:
             self.error = exc
             return error_response(exc, headers=self.headers, door=self.door)
@@ -360,7 +363,7 @@ class ChatServing:
         )
 
 
-async def _aclose(events: AsyncIterator[Emit]) -> None:
+async def _aclose(events: AsyncIterator[Any]) -> None:
     aclose = getattr(events, "aclose", None)
     if aclose is not None:
         await aclose()
