@@ -254,3 +254,29 @@ async def test_closing_a_detect_stream_closes_upstream_and_leaves_no_task() -> N
     assert held.closed.is_set()
     left = [t for t in asyncio.all_tasks() - before if not t.done()]
     assert left == []
+
+
+async def test_emits_that_come_without_a_wait_are_handed_over_as_one_batch() -> None:
+    """A read that brings several tokens: detect mode's text deltas come as one batch (one write for the
+    door), and the batches hold the same emits, in the same order, as `run()`."""
+    body = sse(
+        [{"content": "I see a car. "}, {"content": "It is"}, {"content": " parked."}],
+        {"prompt_tokens": 5, "completion_tokens": 3},
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    session, generator = make_session(handler, "detect")
+    batches = [batch async for batch in session.run_batches()]
+    await generator.aclose()
+    session, generator = make_session(handler, "detect")
+    singles = [e async for e in session.run()]
+    await generator.aclose()
+
+    assert all(batches)
+    assert any(len(batch) > 1 for batch in batches)
+    flat = [e for batch in batches for e in batch]
+    assert [type(e) for e in flat] == [type(e) for e in singles]
+    assert [e.text for e in flat if isinstance(e, EmitText)] == [e.text for e in singles if isinstance(e, EmitText)]
+    assert isinstance(flat[-1], EmitEnd)
