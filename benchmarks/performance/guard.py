@@ -29,12 +29,12 @@ GOALS_US = {"off/none stream": 40.0, "correct/judge stream": 120.0, "detect/judg
 CONFIGS = "off/none/stream,correct/none/stream,correct/judge/stream,detect/judge/stream"
 
 
-def newest_committed(pattern: str) -> Path | None:
-    """The file matching `pattern` in RESULTS whose last commit is the newest (None: none committed)."""
+def newest_committed(pattern: str, results: Path = RESULTS) -> Path | None:
+    """The file matching `pattern` in `results` whose last commit is the newest (None: none committed)."""
     best: tuple[int, Path] | None = None
-    for path in RESULTS.glob(pattern):
+    for path in results.glob(pattern):
         out = subprocess.run(
-            ["git", "log", "-1", "--format=%ct", "--", path.name], cwd=RESULTS, capture_output=True, text=True
+            ["git", "log", "-1", "--format=%ct", "--", path.name], cwd=results, capture_output=True, text=True
         ).stdout.strip()
         if out and (best is None or int(out) > best[0]):
             best = (int(out), path)
@@ -73,29 +73,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vllm-url")
     parser.add_argument("--skip-ceiling", action="store_true")
     parser.add_argument("--against-cpu", help="default: the newest committed cpu-per-token-*.json")
-    parser.add_argument("--against-ceiling", help="default: the newest committed ceiling-*.json")
+    parser.add_argument("--against-ceiling", help="default: the newest committed ceiling-vs-*.json (unpaced)")
+    parser.add_argument("--results", default=str(RESULTS), help="the committed results (a git checkout's folder)")
+    parser.add_argument("--today", help="print the figures of this earlier guard --json instead of measuring")
     parser.add_argument("--json", help="write today's figures here")
     args = parser.parse_args(argv)
-    cpu_args = ["--requests", str(args.requests), "--rounds", "1", "--idle-s", "0", "--configs", CONFIGS]
-    cpu_args += ["--model-dir", args.model_dir] if args.model_dir else []
-    cpu_args += ["--vllm-url", args.vllm_url] if args.vllm_url else []
-    today: dict[str, Any] = {"cpu_per_token": cpu_per_token.run(cpu_per_token.build_parser().parse_args(cpu_args))}
-    against = Path(args.against_cpu) if args.against_cpu else newest_committed("cpu-per-token-*.json")
+    results = Path(args.results)
+    if args.today:
+        today: dict[str, Any] = json.loads(Path(args.today).read_text())
+    else:
+        today = measure(args)
+    against = Path(args.against_cpu) if args.against_cpu else newest_committed("cpu-per-token-*.json", results)
     then = json.loads(against.read_text()) if against else {}
     print(f"CPU per streamed token in front of vLLM, µs (committed: {against})")
     print("\n".join(compare(_cpu_rows(today["cpu_per_token"]), _cpu_rows(then), GOALS_US)))
-    if not args.skip_ceiling:
-        ceiling_args = ceiling.build_args(
-            ["--windows", "1", "--requests", "64", "--concurrency", "16", "--workers", "1"]
-        )
-        today["ceiling"] = ceiling.run(ceiling_args)
-        against = Path(args.against_ceiling) if args.against_ceiling else newest_committed("ceiling-*.json")
+    if "ceiling" in today:
+        against = Path(args.against_ceiling) if args.against_ceiling else newest_committed("ceiling-vs-*.json", results)
         then = json.loads(against.read_text()) if against else {}
         print(f"\nCPU per token at the ceiling (fast upstream, 1 worker), µs (committed: {against})")
         print("\n".join(compare(_ceiling_rows(today["ceiling"]), _ceiling_rows(then), {})))
     if args.json:
         Path(args.json).write_text(json.dumps(today, indent=2) + "\n")
     return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """cpu_per_token and (without --skip-ceiling) a short ceiling run, on the code on the path."""
+    cpu_args = ["--requests", str(args.requests), "--rounds", "1", "--idle-s", "0", "--configs", CONFIGS]
+    cpu_args += ["--model-dir", args.model_dir] if args.model_dir else []
+    cpu_args += ["--vllm-url", args.vllm_url] if args.vllm_url else []
+    today: dict[str, Any] = {"cpu_per_token": cpu_per_token.run(cpu_per_token.build_parser().parse_args(cpu_args))}
+    if not args.skip_ceiling:
+        quick = ["--windows", "1", "--requests", "64", "--concurrency", "16", "--workers", "1"]
+        today["ceiling"] = ceiling.run(ceiling.build_args(quick))
+    return today
 
 
 if __name__ == "__main__":
