@@ -19,7 +19,8 @@ from tests.deploy import assets
 
 def require_docker() -> None:
     """Skips (fails under CI) unless a Docker daemon answers and a compose command exists. Opt-in with
-    FAITHPROXY_CONTAINER_TESTS=1: three of these tests still fail (issue 41's note), so CI leaves them out."""
+    FAITHPROXY_CONTAINER_TESTS=1: the builds take minutes (deploy/README.md, "What has run"), so only a
+    run that means to pay for them (scripts/stack_scale_out.sh, CI when .ci/run starts dockerd) sets it."""
     if os.environ.get("FAITHPROXY_CONTAINER_TESTS") != "1":
         pytest.skip("container tests are opt-in: FAITHPROXY_CONTAINER_TESTS=1 after scripts/dockerd.sh start")
     problem = None
