@@ -1,8 +1,8 @@
 """Whether Docker can run here, and the images the container tests need, built by the repo's script.
 
-A test that needs Docker is skipped on a developer's machine without it, and FAILS when the CI variable
-is set (tests/components.py): .ci/run installs docker.io and starts dockerd (scripts/dockerd.sh), so CI must not pass by
-skipping the proof.
+The container tests are opt-in (FAITHPROXY_CONTAINER_TESTS=1). Opted in, a test that needs Docker is
+skipped on a developer's machine without it, and FAILS when the CI variable is set (tests/components.py):
+a CI run that opts in starts dockerd first (scripts/dockerd.sh), so it must not pass by skipping the proof.
 """
 
 from __future__ import annotations
