@@ -381,10 +381,6 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="none", timeout_graceful_shutdown=2)
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _logprobs(reply: str, confidence: float | None) -> dict[str, Any] | None:
     """OpenAI-format log-probabilities of a reply, one token per word or run of spaces: every token
     certain except the verdict of a flag, where UNFAITHFUL has `confidence` and FAITHFUL the rest."""
@@ -398,3 +394,7 @@ def _logprobs(reply: str, confidence: float | None) -> dict[str, Any] | None:
                    {"token": "FAITHFUL", "logprob": math.log(1 - confidence), "bytes": None}]  # fmt: skip
         content.append({"token": token, "logprob": top[0]["logprob"], "bytes": None, "top_logprobs": top})
     return {"content": content}
+
+
+if __name__ == "__main__":
+    main()

@@ -203,25 +203,12 @@ class ChainSession:
                     ready = []
                 if action is WAIT:  # the round's next step or end (in detect mode: or a check's result)
                     await self._next_event()
-                elif isinstance(action, StartRound):
-                    body = self.wire.round_body(self.body, action)
-                    wire = self.wire
-                    reader = RoundReader(self.generator, body, core, core.round, self._wake, wire.path, wire.reader)
-                    task = asyncio.create_task(reader.run())
-                elif isinstance(action, DropRound):
-                    assert task is not None
-                    await _cancel(task)  # closes the upstream stream: vLLM aborts, the read-ahead goes
-                    task = None
+                elif isinstance(action, (StartRound, DropRound)):
+                    task = await self._round(action, task)
                 elif isinstance(action, Check) and detect:
                     checks.put_nowait(action)
-                elif isinstance(action, Check):
-                    core.receive(await self._verify(action))
-                elif isinstance(action, Regenerate):
-                    core.receive(await self._regenerate(action))
-                elif isinstance(action, Fail):
-                    raise action.error
-                elif isinstance(action, Note):
-                    await self._note(action)
+                else:
+                    await self._perform(action)
         finally:
             helpers = [t for t in (task, checker) if t is not None]
             # Every helper is cancelled before the first await: under a cancelled anyio scope (starlette's
@@ -231,6 +218,30 @@ class ChainSession:
                 helper.cancel()
             for helper in helpers:
                 await _cancel(helper)
+
+    async def _round(
+        self, action: StartRound | DropRound, task: asyncio.Task[None] | None
+    ) -> asyncio.Task[None] | None:
+        """Starts a round's reader, or drops the running one; gives the reader's task now running."""
+        if isinstance(action, StartRound):
+            core, wire = self.core, self.wire
+            body = wire.round_body(self.body, action)
+            reader = RoundReader(self.generator, body, core, core.round, self._wake, wire.path, wire.reader)
+            return asyncio.create_task(reader.run())
+        assert task is not None
+        await _cancel(task)  # closes the upstream stream: vLLM aborts, the read-ahead goes
+        return None
+
+    async def _perform(self, action: object) -> None:
+        """An action the session waits on in line: a check (correct mode), a regeneration, a failure, a note."""
+        if isinstance(action, Check):
+            self.core.receive(await self._verify(action))
+        elif isinstance(action, Regenerate):
+            self.core.receive(await self._regenerate(action))
+        elif isinstance(action, Fail):
+            raise action.error
+        elif isinstance(action, Note):
+            await self._note(action)
 
     async def _note(self, action: Note) -> None:
         """Counts a regeneration try or an upstream break; a resume waits before its round starts."""

@@ -21,9 +21,9 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
-from faithproxy.server.app import create_app
 from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.correction import Delta, RoundEnd
+from faithproxy.server.app import create_app
 from faithproxy.server.doors.shadow import READABLE_OFF_PATHS, ShadowCapture, TokenBucket
 from faithproxy.server.doors.shadow_wires import WIRES
 from faithproxy.server.settings import Settings
