@@ -28,7 +28,7 @@ from faithproxy.faithcore.correction.actions import (
     TryOutcome,
 )
 from faithproxy.faithcore.correction.events import Checked, Extras, Regenerated, RoundEnd
-from faithproxy.faithcore.correction.machine import ChainMachine, Item, _flagged, _message, _residual
+from faithproxy.faithcore.correction.machine import ChainMachine, Item, _flagged, _message, _residual, _unreached
 from faithproxy.faithcore.correction.phase import Phase, Trigger, advance
 from faithproxy.faithcore.correction.rounds import TrailingRaw
 from faithproxy.faithcore.correction.rules import Rules
@@ -103,6 +103,8 @@ class CorrectMachine(ChainMachine):
     def _emit_batch(self, batch: list[Item]) -> None:
         """Emits a checked batch in order, up to its first unfaithful step if that one is to be
         regenerated (the rest of the round is dropped then)."""
+        steps = [i for i in batch if isinstance(i, Step)]
+        cut = _unreached(steps)
         for pos, item in enumerate(batch):
             if isinstance(item, Step) and _flagged(item):
                 if self._may_regenerate():
@@ -111,6 +113,13 @@ class CorrectMachine(ChainMachine):
                     return
                 _residual(item, "not_corrected")
             self._emit_item(item)
+            if cut < len(steps) and item is steps[cut - 1]:
+                # A flag that stays (unsure, or no regeneration left) keeps the steps after it, which the
+                # detector did not reach: back in line, checked next with the flagged step as context.
+                for step in steps[cut:]:
+                    step.verdict = step.first_verdict = None
+                self._pending.extendleft(reversed(batch[pos + 1 :]))
+                return
         if self.rules.sequential and self._end is None and any(isinstance(i, Step) for i in batch):
             self._drop_round()  # the model is still decoding: stop it, and continue in a new round
             self._continue()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from faithproxy.faithcore.correction.actions import EmitExtra, EmitText, EmitVerdicts, StartRound
 from faithproxy.faithcore.correction.events import Extras, RoundEnd, RoundFailed
-from faithproxy.faithcore.correction.machine import ChainMachine, Item, _flagged, _residual
+from faithproxy.faithcore.correction.machine import ChainMachine, Item, _flagged, _residual, _unreached
 from faithproxy.faithcore.correction.phase import Phase
 from faithproxy.faithcore.correction.rules import Rules
 from faithproxy.faithcore.types import Channel, Step
@@ -53,7 +53,13 @@ class DetectMachine(ChainMachine):
             self._finish(self._end.finish_reason)
 
     def _on_verdicts(self, batch: list[Item], steps: list[Step]) -> None:
-        self._settle_verdicts(steps)
+        # The steps after a flag that the detector did not reach went out like the others: they are
+        # checked next, with the flagged step as context, instead of leaving unchecked.
+        cut = _unreached(steps)
+        for step in steps[cut:]:
+            step.verdict = step.first_verdict = None
+        self._to_check[:0] = steps[cut:]
+        self._settle_verdicts(steps[:cut])
 
     def _settle_verdicts(self, steps: list[Step]) -> None:
         """The steps' outcomes are final; their verdicts go to the client."""

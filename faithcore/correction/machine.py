@@ -417,6 +417,22 @@ def _flagged(step: Step) -> bool:
     return step.kind is StepKind.PERCEPTION and step.verdict is not None and step.verdict.unfaithful
 
 
+def _unreached(steps: list[Step]) -> int:
+    """Where the steps a detector did not reach begin: a detector that stops at its first flag (the judge,
+    the cascade's probe) answers UNKNOWN for the steps after it. They are still to be checked wherever
+    they stay in the chain (detect mode sends them; a flag that is not rewritten keeps them). len(steps)
+    when there are none."""
+    flags = (Faithfulness.UNFAITHFUL, Faithfulness.UNSURE)
+    first = next((i for i, s in enumerate(steps) if s.verdict is not None and s.verdict.faithfulness in flags), None)
+    if first is None or first + 1 == len(steps):
+        return len(steps)
+    rest = steps[first + 1 :]
+    asked_again = all(
+        s.verdict is None or (s.verdict.faithfulness is Faithfulness.UNKNOWN and not s.verdict.unchecked) for s in rest
+    )
+    return first + 1 if asked_again else len(steps)
+
+
 def _residual(step: Step, reason: str) -> None:
     step.residual = True
     step.residual_reason = reason

@@ -99,9 +99,13 @@ async def test_the_replay_counts_each_step_as_detect_mode_does_a_second_flag_inc
     await replay(shadow, pieces(whole), first_flag_judge)
     assert outcomes(shadow) == reference  # step by step: text, kind, verdict
 
-    unpaced = outcomes(await read_first(whole))  # the gap the replay closes
-    assert [verdict for _, _, verdict in unpaced].count("unfaithful") == 1
-    assert unpaced[2] == (CHAIN[2].strip(), "perception", "unknown")
+    # A judge that falls behind gets the whole chain in one batch and stops at its first flag: the steps
+    # it did not reach are asked about again, so the second flag is caught there too. (A reasoning step
+    # batched with perception steps gets a verdict as well; alone, it goes unasked: compare perception.)
+    def perception(steps: list[tuple[str, str, str | None]]) -> list[tuple[str, str, str | None]]:
+        return [s for s in steps if s[1] == "perception"]
+
+    assert perception(outcomes(await read_first(whole))) == perception(reference)
 
 
 def test_pieces_cut_text_into_words_and_keep_every_character() -> None:
