@@ -166,6 +166,7 @@ def test_the_deploy_readme_documents_every_variable_and_names_only_real_settings
     fields = {f"FAITHPROXY_{name.upper()}" for name in Settings.model_fields}
     # The compose file's own variables for the image tag and the second replica's host port are no settings,
     # nor are the test suite's opt-ins for the container tests.
-    not_settings = {"FAITHPROXY_VERSION", "FAITHPROXY_PORT_B"} | {"FAITHPROXY_CONTAINER_TESTS", "FAITHPROXY_STACK_SCALE_OUT"}
+    not_settings = {"FAITHPROXY_VERSION", "FAITHPROXY_PORT_B"}
+    not_settings |= {"FAITHPROXY_CONTAINER_TESTS", "FAITHPROXY_STACK_SCALE_OUT"}
     named = set(re.findall(r"FAITHPROXY_[A-Z0-9_]+", readme)) - not_settings
     assert sorted(named - fields) == []
