@@ -7,6 +7,7 @@ on what "every expression of the dashboard" and "every metric name used" mean.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,6 +106,23 @@ def quantity(expr: str) -> str | None:
     if 'verdict="unfaithful"' in numerator or "unfaithful_perception" in numerator or "upr_detected" in numerator:
         return "detected"
     return None
+
+
+def interval_side(expr: str) -> int:
+    """Which side of a 95% Wilson interval an expression computes (the ratio -/+ 1.96 * sqrt(...)):
+    1 the lower bound, -1 the upper, 0 the ratio itself."""
+    return (" - 1.96 * sqrt(" in expr) - (" + 1.96 * sqrt(" in expr)
+
+
+def shows(value: float, want: float, side: int) -> bool:
+    """Whether a panel's `value` agrees with the ratio `want` the traffic implies: NaN for a 0/0 (a door
+    no traffic used), the ratio itself to rounding, or a bound (`side`, interval_side) in [0, 1] on its
+    side of the ratio."""
+    if math.isnan(want):
+        return math.isnan(value)
+    if not side:
+        return math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12)
+    return 0 <= value <= 1 and (value <= want if side > 0 else value >= want)
 
 
 def rule_queries() -> list[RuleQuery]:

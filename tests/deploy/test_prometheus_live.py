@@ -291,9 +291,9 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
         return result
 
     def compare(where: str, kind: str, expr: str, result: list[dict[str, Any]]) -> None:
-        # A 95% Wilson interval's bounds (the ratio -/+ 1.96 * sqrt(...)) are not the ratio: each must lie
-        # on its side of it. All the traffic came through the chat door: the other doors are 0/0 (NaN).
-        bound = (" - 1.96 * sqrt(" in expr) - (" + 1.96 * sqrt(" in expr)  # 1: lower, -1: upper, 0: the ratio
+        # A 95% Wilson interval's bounds are not the ratio: each must lie on its side of it. All the
+        # traffic came through the chat door: the other doors are 0/0 (NaN).
+        bound = assets.interval_side(expr)
         for series in result:
             labels = {k: v for k, v in series["metric"].items() if k in ("detector", "model", "reason", "endpoint")}
             value = float(series["value"][1])
@@ -303,11 +303,7 @@ async def test_every_dashboard_and_rule_expression_shows_the_known_traffic(stack
                 want = expected_ratio(kind, labels, stack.model, expr)
             side = {1: " (lower bound)", -1: " (upper bound)"}.get(bound, "")
             measured.append(f"{where} {labels or ''}: {value:.6g}{side} (expected {want:.6g})")
-            if math.isnan(want) or not bound:
-                ok = math.isnan(value) if math.isnan(want) else math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12)
-            else:
-                ok = 0 <= value <= 1 and (value <= want if bound > 0 else value >= want)
-            if not ok:
+            if not assets.shows(value, want, bound):
                 failures.append(f"{where} {labels}: {kind} ratio{side} {value!r}, expected {want!r}")
 
     # 1. every dashboard expression, as Grafana sends it with "All" selected: parses, returns series

@@ -207,9 +207,8 @@ def test_prometheus_holds_the_upr_series_and_every_dashboard_query_returns_data(
         # (their ratio is 0/0 here, as in test_prometheus_live.py): they must return series, but their
         # figures are checked by promtool (test_upr_queries.py) and the shadow proof, not against this.
         kind = quantity(q.expr) if 'source="shadow"' not in q.expr else None
-        # A 95% Wilson interval's bounds (the ratio -/+ 1.96 * sqrt(...)) are not the ratio: each must lie
-        # on its side of it.
-        bound = (" - 1.96 * sqrt(" in q.expr) - (" + 1.96 * sqrt(" in q.expr)  # 1: lower, -1: upper, 0: the ratio
+        # A 95% Wilson interval's bounds are not the ratio: each must lie on its side of it.
+        bound = assets.interval_side(q.expr)
         for series in result if kind else []:
             labels = {k: v for k, v in series["metric"].items() if k in ("detector", "model", "reason", "endpoint")}
             want = expected(kind, labels, counted, door)
@@ -217,11 +216,7 @@ def test_prometheus_holds_the_upr_series_and_every_dashboard_query_returns_data(
                 continue
             compared += 1
             value = float(series["value"][1])
-            if math.isnan(want) or not bound:
-                ok = math.isnan(value) if math.isnan(want) else math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12)
-            else:
-                ok = 0 <= value <= 1 and (value <= want if bound > 0 else value >= want)
-            if not ok:
+            if not assets.shows(value, want, bound):
                 side = {1: " (lower bound)", -1: " (upper bound)"}.get(bound, "")
                 failures.append(f"{where} {labels}: {kind}{side} {value!r}, the traffic gives {want!r}")
     assert not failures, "\n".join(failures)
