@@ -1,11 +1,13 @@
-"""The DPO loss against its formula, exported pairs through TRL's vision DPO collator, and the project's
-loop on the committed ShapesWorld model (CPU, a few steps)."""
+"""The DPO loss against its formula and against TRL's DPOTrainer, exported pairs through TRL's vision DPO
+collator, and the project's loop on the committed ShapesWorld model (CPU, a few steps)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -35,6 +37,74 @@ def test_the_loss_is_dpos_sigmoid_formula() -> None:
     expected = (math.log1p(math.exp(-0.1)) + math.log1p(math.exp(0.2))) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
     assert chosen.tolist() == pytest.approx([0.05, -0.1]) and rejected.tolist() == pytest.approx([-0.05, 0.1])
+
+
+class TrlLoss:
+    """TRL's own DPO loss (`DPOTrainer._compute_loss`, TRL 1.16 has no separate loss function) on given
+    log-probabilities. The method is called on an object holding what it reads of a trainer: the loss
+    settings of a real `DPOConfig`, reference log-probabilities given with the batch (TRL's
+    `precompute_ref_log_probs` path), and an accelerator of one process. Its model is a stand-in whose
+    per-token log-probabilities are one token per sequence, so each sequence's sum is the value given.
+    (Building a DPOTrainer would need a model, a processor and a dataset only to reach the same lines.)"""
+
+    def __init__(self, beta: float) -> None:
+        args = trl_dpo.DPOConfig(output_dir="unused", beta=beta, report_to=[], bf16=False, use_cpu=True)
+        assert args.loss_type == ["sigmoid"] and args.f_divergence_type == "reverse_kl"  # TRL's plain DPO
+        self.args = args
+        self.beta = args.beta
+        self.loss_types = args.loss_type
+        self.loss_weights = args.loss_weights or [1.0] * len(args.loss_type)
+        self.ld_alpha = args.ld_alpha
+        self.f_divergence_type = args.f_divergence_type
+        self.f_alpha_divergence_coef = args.f_alpha_divergence_coef
+        self.label_smoothing = args.label_smoothing
+        self.use_weighting = args.use_weighting
+        self.precompute_ref_logps = True
+        self.aux_loss_enabled = False
+        self.model = torch.nn.Module().eval()
+        self.accelerator = SimpleNamespace(device=torch.device("cpu"), gather=_same, gather_for_metrics=_same)
+        self._metrics: dict[str, Any] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._total_train_tokens = 0
+        self._tp_size = 1
+
+    def __call__(
+        self, policy_chosen: Any, policy_rejected: Any, ref_chosen: Any, ref_rejected: Any
+    ) -> tuple[float, dict[str, list[float]]]:
+        """TRL's loss and the metrics it logged (rewards among them)."""
+        logps = torch.cat([policy_chosen, policy_rejected])  # TRL's batch: the chosen rows, then the rejected
+
+        def model(**_: Any) -> SimpleNamespace:
+            zeros = torch.zeros_like(logps)[:, None]
+            return SimpleNamespace(log_probs=logps[:, None], entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
+
+        rows = len(logps)
+        inputs = {
+            "input_ids": torch.zeros(rows, 2, dtype=torch.long),
+            "attention_mask": torch.ones(rows, 2, dtype=torch.long),
+            "completion_mask": torch.tensor([[0, 1]] * rows),  # the prompt token, then one completion token
+            "ref_chosen_logps": ref_chosen,
+            "ref_rejected_logps": ref_rejected,
+        }
+        loss = trl_dpo.DPOTrainer._compute_loss(self, model, inputs, return_outputs=False)
+        return float(loss), dict(self._metrics["eval"])
+
+
+def _same(tensor: Any) -> Any:
+    return tensor
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+def test_the_loss_equals_trls_dpo_trainer_loss(beta: float) -> None:
+    """The project's loss and TRL's sigmoid DPO on the same log-probabilities (32 pairs, margins of both
+    signs, some far in the tails) agree to 1e-6, and so do the mean rewards TRL logs."""
+    g = torch.Generator().manual_seed(51)
+    policy_chosen, policy_rejected, ref_chosen, ref_rejected = (-30 * torch.rand(32, generator=g) for _ in range(4))
+    ours, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+    theirs, metrics = TrlLoss(beta)(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
+    assert abs(float(ours) - theirs) <= 1e-6
+    assert abs(float(chosen.mean()) - metrics["rewards/chosen"][0]) <= 1e-6
+    assert abs(float(rejected.mean()) - metrics["rewards/rejected"][0]) <= 1e-6
+    assert float(ours) > 0.1  # not two zeros agreeing
 
 
 def _rows(n: int) -> list[dict[str, Any]]:
