@@ -62,6 +62,16 @@ async def serving(handler: Handler) -> AsyncIterator[Server]:
         tcp.close()
 
 
+async def until(condition: Callable[[], bool], guard_s: float = 30.0) -> None:
+    """Returns once `condition()` holds, polling; the guard turns a wait that never ends into a failure
+    (it bounds the wait, it measures nothing: a loaded machine only makes the wait longer)."""
+    async with asyncio.timeout(guard_s):
+        while True:  # the pool's state changes in its own callbacks: no event to wait on
+            if condition():
+                return
+            await asyncio.sleep(0.005)
+
+
 def response(body: bytes, *, status: str = "200 OK", content_type: bytes = b"application/json") -> bytes:
     head = b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: " + content_type
     return head + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -149,7 +159,7 @@ async def test_a_connection_closed_while_idle_is_not_used_again() -> None:
             res = await pool.request("POST", "/x", content=str(i).encode())
             assert await res.read() == f"ok:{i}".encode()
             await res.aclose()
-            await asyncio.sleep(0.05)  # the close reaches the pool
+            await until(lambda: pool._idle == [])  # the close reached the pool: the connection left its list
         await pool.aclose()
     assert server.connections == 3
 
@@ -298,7 +308,7 @@ async def test_reading_pauses_while_the_reader_lags_and_every_byte_arrives() -> 
     async with serving(handler) as server:
         pool = UpstreamPool(server.url)
         res = await pool.request("POST", "/x", content=b"{}", read_timeout_s=5)
-        await asyncio.sleep(0.3)  # the server writes everything it can meanwhile
+        await until(lambda: res._conn.paused)  # the server writes everything it can meanwhile
         paused_while_lagging = res._conn.paused
         assert await res.read() == b"".join(pieces)
         assert paused_while_lagging and not res._conn.paused

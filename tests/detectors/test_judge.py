@@ -32,11 +32,19 @@ F, U, N = Faithfulness.FAITHFUL, Faithfulness.UNFAITHFUL, Faithfulness.UNKNOWN
 P, R = StepKind.PERCEPTION, StepKind.REASONING
 
 
+# A call expected to be answered gets a limit no loaded machine reaches (it bounds a hang, it measures
+# nothing); only a call the server never answers ("hang") runs into HANG_TIMEOUT_S.
+ANSWERED_TIMEOUT_S = 30.0
+HANG_TIMEOUT_S = 0.5
+
+
 @dataclass
 class Env:
     detector: JudgeDetector
     state: JudgeServerState
     judge_name: str
+    backend: str
+    url: str
 
 
 @pytest.fixture(params=["anthropic", "openai"])
@@ -44,9 +52,9 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     app = create_app(ORACLE)
     async with running_judge_server(app) as url:
         backend = request.param
-        judge = build_judge(local_judge_config(backend, url, timeout_s=0.5))
+        judge = build_judge(local_judge_config(backend, url, timeout_s=ANSWERED_TIMEOUT_S))
         detector = JudgeDetector({judge.name: judge}, judge.name)
-        yield Env(detector, app.state.judge, judge.name)
+        yield Env(detector, app.state.judge, judge.name, backend, url)
         await detector.aclose()
 
 
@@ -230,8 +238,16 @@ async def test_cache_reads_do_not_count_against_the_budget(env: Env) -> None:
 )
 async def test_judge_failures_are_detector_errors(env: Env, mode: str, code: str) -> None:
     env.state.mode = mode  # type: ignore[assignment]
-    with pytest.raises(DetectorError) as info:
-        await env.detector.check(context(), steps("The man wears a red scarf."))
+    detector = env.detector
+    if mode == "hang":  # the one call that must run into its limit: a short one, so the test stays short
+        judge = build_judge(local_judge_config(env.backend, env.url, timeout_s=HANG_TIMEOUT_S))
+        detector = JudgeDetector({judge.name: judge}, judge.name)
+    try:
+        with pytest.raises(DetectorError) as info:
+            await detector.check(context(), steps("The man wears a red scarf."))
+    finally:
+        if detector is not env.detector:
+            await detector.aclose()
     assert info.value.code == code
 
 
@@ -302,7 +318,7 @@ async def test_a_stand_in_judge_with_logprobs_gives_its_confidence_and_an_unsure
     app = create_app(ORACLE)
     app.state.judge.flag_confidence = 0.6
     async with running_judge_server(app) as url:
-        judge = build_judge(local_judge_config("openai", url, timeout_s=0.5))
+        judge = build_judge(local_judge_config("openai", url, timeout_s=ANSWERED_TIMEOUT_S))
         detector = JudgeDetector({judge.name: judge}, judge.name)
         try:
             new = steps("The man wears a red scarf.", "The basket is empty.")

@@ -31,6 +31,11 @@ from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, frames, metric, running_app, threaded_app
 
 DEADLINE_S = 15
+# The judge's timeout and vLLM's idle limit: a call or a silence a case expects to end gets a limit no loaded
+# machine reaches (it bounds a hang, it measures nothing); only the cases whose fault is a hang or a stall
+# (the call is never answered) get the short one, so those tests stay short.
+ANSWERED_LIMIT_S = 10.0
+HANG_LIMIT_S = 0.5
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
 # Metric label of a stall: "stalled" once server/observe/metrics.py lists it, "other" until then.
 STALLED = "stalled" if "stalled" in UPSTREAM_ERRORS else "other"
@@ -70,7 +75,9 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp_path: Path, *, refuse: bool = False) -> AsyncIterator[Stack]:
+async def stack(
+    tmp_path: Path, *, refuse: bool = False, judge_timeout_s: float = ANSWERED_LIMIT_S, idle_s: float = ANSWERED_LIMIT_S
+) -> AsyncIterator[Stack]:
     vllm = FakeUpstream()
     judge_app = create_judge_app({"unfaithful": []})
     with (
@@ -83,13 +90,13 @@ async def stack(tmp_path: Path, *, refuse: bool = False) -> AsyncIterator[Stack]
             model="judge-model",
             base_url=judge_url,
             api_key="sk-test",  # type: ignore[arg-type]
-            timeout_s=0.5,
+            timeout_s=judge_timeout_s,
             max_retries=0,
         )
         settings = Settings(
             upstream_url=f"http://127.0.0.1:{free_port()}" if refuse else vllm_url,
             trace_path=str(tmp_path / "t.jsonl"),
-            upstream_stream_idle_timeout_s=0.5,
+            upstream_stream_idle_timeout_s=idle_s,
             judges=[judge],
             # the fault is on every call, and this matrix proves the error path: a break mid-stream is not
             # resumed here (resuming, with a fake that continues a chain: tests/server/test_resume.py)
@@ -152,7 +159,8 @@ NO_DETECTOR = {"x-faithproxy-detector": "none"}
 async def test_vllm_faults(
     tmp_path: Path, fault: str, mode: str, stream: bool, status: int, code: str | None, label: str | None
 ) -> None:
-    async with stack(tmp_path, refuse=fault == "refused") as s, no_leftover_tasks():
+    idle_s = HANG_LIMIT_S if fault.startswith("stall") else ANSWERED_LIMIT_S
+    async with stack(tmp_path, refuse=fault == "refused", idle_s=idle_s) as s, no_leftover_tasks():
         s.vllm.fault = fault  # type: ignore[assignment]
         response = await s.post({**BODY, "stream": stream}, {**NO_DETECTOR, "x-faithproxy-mode": mode})
         (trace,) = await s.traces()
@@ -191,16 +199,21 @@ async def _until(condition: Any) -> None:
 
 @pytest.mark.parametrize("mode", ["correct", "off"])
 async def test_a_slow_healthy_stream_outlives_the_idle_timeout(tmp_path: Path, mode: str) -> None:
-    """The idle timeout (0.5 s here) bounds the silence between reads, not the stream: 10 pauses of
-    0.25 s (2.5 s in all) pass."""
-    async with stack(tmp_path) as s, no_leftover_tasks():
-        s.vllm.script = Sentences.repeating(9, gap_s=0.25)
+    """The idle timeout bounds the silence between reads, not the stream: 20 pauses of 0.1 s pass an idle
+    limit of 1 s. Each pause has 0.9 s to spare; the stream's own measured length shows it outlived the limit
+    (a loaded machine only lengthens it)."""
+    idle_s = 1.0
+    async with stack(tmp_path, idle_s=idle_s) as s, no_leftover_tasks():
+        s.vllm.script = Sentences.repeating(19, gap_s=0.1)
+        started = asyncio.get_running_loop().time()
         response = await s.post(BODY, {**NO_DETECTOR, "x-faithproxy-mode": mode})
+        lasted = asyncio.get_running_loop().time() - started
         (trace,) = await s.traces()
     data = frames(response.text)
     assert response.status_code == 200 and data[-1] == "[DONE]"
     assert not any("error" in json.loads(d) for d in data[:-1])
-    assert response.text.count("It is on a white background.") == 9 and trace["error"] is None
+    assert response.text.count("It is on a white background.") == 19 and trace["error"] is None
+    assert lasted > idle_s
 
 
 # ---- judge faults -----------------------------------------------------------------------------
@@ -210,7 +223,8 @@ JUDGE_FAULTS = [("hang", "timeout"), ("500", "status_5xx"), ("429", "status_429"
 
 @pytest.mark.parametrize(("judge_mode", "reason"), JUDGE_FAULTS)
 async def test_judge_fault_with_pass_policy_delivers_unchecked(tmp_path: Path, judge_mode: str, reason: str) -> None:
-    async with stack(tmp_path) as s, no_leftover_tasks():
+    judge_timeout_s = HANG_LIMIT_S if judge_mode == "hang" else ANSWERED_LIMIT_S
+    async with stack(tmp_path, judge_timeout_s=judge_timeout_s) as s, no_leftover_tasks():
         s.judge.mode = judge_mode  # type: ignore[assignment]
         response = await s.post(BODY, {"x-faithproxy-on-detector-error": "pass"})
         (trace,) = await s.traces()
@@ -231,7 +245,8 @@ async def test_judge_fault_with_pass_policy_delivers_unchecked(tmp_path: Path, j
 async def test_judge_fault_with_fail_policy_fails_the_request(
     tmp_path: Path, judge_mode: str, reason: str, mode: str
 ) -> None:
-    async with stack(tmp_path) as s, no_leftover_tasks():
+    judge_timeout_s = HANG_LIMIT_S if judge_mode == "hang" else ANSWERED_LIMIT_S
+    async with stack(tmp_path, judge_timeout_s=judge_timeout_s) as s, no_leftover_tasks():
         s.judge.mode = judge_mode  # type: ignore[assignment]
         response = await s.post(BODY, {"x-faithproxy-on-detector-error": "fail", "x-faithproxy-mode": mode})
         (trace,) = await s.traces()
@@ -251,7 +266,7 @@ async def test_judge_fault_with_fail_policy_fails_the_request(
 
 
 async def test_client_disconnect_mid_stream(tmp_path: Path) -> None:
-    async with stack(tmp_path) as s, no_leftover_tasks():
+    async with stack(tmp_path, idle_s=HANG_LIMIT_S) as s, no_leftover_tasks():
         s.vllm.fault = "stall_mid_stream"
         async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
             async with http.stream(

@@ -264,20 +264,50 @@ async def test_the_redis_store_keeps_the_newest_reports_up_to_its_count(redis_ur
 
 
 async def test_the_redis_store_forgets_reports_older_than_its_age(redis_url: str) -> None:
-    store = RedisReportStore(redis_url, max_count=100, max_age_s=0.4)
+    """Redis's own clock expires the reports, so no clock can be injected. Each check is made only where
+    the run's measured timings show it must hold whatever the machine's pace: a report read back less than
+    the age after its write began must be there, one the store has dropped must be gone from the index too.
+    A run too slow for its age (its window was not met) is repeated with the age doubled."""
+    for age_s in AGES_S:
+        if await forgets_by_age(redis_url, age_s):
+            return
+    pytest.fail(f"no run fitted its timings inside ages up to {AGES_S[-1]} s")
+
+
+AGES_S = (0.4, 0.8, 1.6, 3.2, 6.4)
+
+
+async def forgets_by_age(redis_url: str, age_s: float) -> bool:
+    """One run with reports living `age_s`: True when every check was made (and held), False when the
+    machine was too slow for the run to prove anything."""
+    redis.Redis.from_url(redis_url).flushall()
+    now = asyncio.get_running_loop().time
+    store = RedisReportStore(redis_url, max_count=100, max_age_s=age_s)
     try:
+        old_sent = now()  # Redis stores "old" no earlier than this, so keeps it until at least age_s after
         store.put("old", {})
         await settle(store)
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(age_s / 2)
+        young_sent = now()
         store.put("young", {})
         await settle(store)
-        assert await store.fetch("old") == b"{}"
-        await asyncio.sleep(0.25)  # old is 0.5 s old, young 0.25 s
-        assert await store.fetch("old") is None and await store.fetch("young") == b"{}"
+        old_read = await store.fetch("old")
+        if now() - old_sent >= age_s:
+            return False
+        assert old_read == b"{}"
+        async with asyncio.timeout(HANG_GUARD_S):  # bounds the wait, measures nothing
+            while True:  # Redis expires the key on its own clock: nothing to wait on but the key itself
+                if await store.fetch("old") is None:
+                    break
+                await asyncio.sleep(0.01)
+        young_read = await store.fetch("young")
         store.put("newest", {})  # a write also drops expired ids from the index
         await settle(store)
         index = redis.Redis.from_url(redis_url).zrange(INDEX, 0, -1)
-        assert index == [b"young", b"newest"]
+        if now() - young_sent >= age_s:
+            return False
+        assert young_read == b"{}" and index == [b"young", b"newest"]
+        return True
     finally:
         await store.aclose()
 

@@ -122,8 +122,10 @@ async def test_a_stream_that_dies_mid_way_is_resumed_and_the_client_sees_one_str
 
 
 async def test_a_stall_past_the_idle_limit_is_resumed(tmp_path: Path) -> None:
+    """The stall never ends by itself, so any idle limit ends it; the same limit also watches the resumed
+    stream, which must pass, so it is one a loaded machine's pauses do not reach (costing the test 2 s)."""
     vllm = BreakingUpstream(breaks=1, how="stall")
-    async with proxy(vllm, tmp_path, served=True, upstream_stream_idle_timeout_s=0.3) as (url, trace):
+    async with proxy(vllm, tmp_path, served=True, upstream_stream_idle_timeout_s=2.0) as (url, trace):
         response, record, metrics = await post(url, trace, NONE)
     text, errors = content_of(response)
     assert errors == [] and text == FULL and len(vllm.streams) == 2
