@@ -30,6 +30,8 @@ class DetectorDeps:
     cascade_high: float = 0.9
     cascade_rewrites: str = "judge"  # "cascade": a rewrite's candidate goes through the probe first, as drafts do
     judge_samples: dict[str, int] = field(default_factory=dict)  # self-consistency replies per judge name
+    # the consistency detector's settings (samples, temperature, max_tokens, threshold, claims, calibration)
+    consistency: dict[str, Any] = field(default_factory=dict)
     on_cascade_decision: Callable[[str, int], None] | None = None
 
 

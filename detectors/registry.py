@@ -38,6 +38,10 @@ DETECTORS: Registry[type[Detector]] = Registry(
             "faithproxy.detectors.probe:ProbeDetector", "classifier over the generator's hidden states (vLLM route 1)"
         ),
         "cascade": Entry("faithproxy.detectors.cascade:CascadeDetector", "probe when confident, judge otherwise"),
+        "consistency": Entry(
+            "faithproxy.detectors.consistency:ConsistencyDetector",
+            "generator self-consistency: k samples from the same prefix vote on each step",
+        ),
     },
 )
 

@@ -221,6 +221,15 @@ def _detector_deps(
         cascade_high=settings.cascade_high,
         cascade_rewrites=settings.cascade_rewrites,
         judge_samples=settings.judge_samples,
+        consistency={
+            "samples": settings.consistency_samples,
+            "temperature": settings.consistency_temperature,
+            "max_tokens": settings.consistency_max_tokens,
+            "threshold": settings.consistency_threshold,
+            "claims": settings.consistency_claims,
+            "calibration": settings.consistency_calibration,
+            "seeded": settings.consistency_seeded,
+        },
         on_cascade_decision=lambda stage, n: built_metrics[0].cascade_decisions.labels(stage).inc(n),
     )
 

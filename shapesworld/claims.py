@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from faithproxy.detectors.claim_readers import ClaimReader
 from faithproxy.shapesworld.language import Claim, CountClaim, ObjectClaim, is_reasoning, parse_claim
 from faithproxy.shapesworld.parser import ImageInput, parse_image
 from faithproxy.shapesworld.world import WorldObject, count_matching
@@ -93,3 +94,14 @@ def check_chain(sentences: Sequence[str], objects: Sequence[WorldObject]) -> Cha
 def check_chain_image(image: ImageInput, sentences: Sequence[str]) -> ChainCheck:
     """The judge: check a chain against what the parser sees in the image."""
     return check_chain(sentences, parse_image(image).objects)
+
+
+class WorldClaims(ClaimReader):
+    """The consistency detector's claim reader for ShapesWorld: a sentence's claim in the world's grammar
+    (`FAITHPROXY_CONSISTENCY_CLAIMS=faithproxy.shapesworld.claims:WorldClaims`). Two sentences agree
+    when they parse to the same claim, however they are spelled ("3" or "three", "colour" or "color")."""
+
+    name = "shapesworld"
+
+    def key(self, sentence: str) -> Claim | None:
+        return None if is_reasoning(sentence) else parse_claim(sentence)

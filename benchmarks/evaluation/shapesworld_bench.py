@@ -53,6 +53,7 @@ from typing import Any
 
 import httpx
 
+from faithproxy.benchmarks.evaluation.deployable import deployable_goals
 from faithproxy.benchmarks.evaluation.shapesworld_report import goals, headline, markdown, plot, readme_table
 from faithproxy.benchmarks.evaluation.shapesworld_router import create_router, routed_counts
 from faithproxy.benchmarks.evaluation.shapesworld_rows import (
@@ -88,6 +89,8 @@ MAX_TOKENS = 160
 # keeps the two the same.
 JUDGE_WEIGHTS_DIR = WEIGHTS_DIR.parent / "judge_weights"
 JUDGE_SERVED_NAME = "shapesworld-judge"
+# The consistency detector compares ShapesWorld sentences by the claim the world's grammar reads in them.
+WORLD_CLAIMS = "faithproxy.shapesworld.claims:WorldClaims"
 # The learned judge's replies: a description (when asked), a typing line per checked sentence and the
 # verdict; training scored them at 96 new tokens. The judge's vLLM runs with --max-model-len 2048
 # (tinyvlm.serve), far above its prompts (a few hundred tokens with the image), so 128 always fits.
@@ -127,7 +130,10 @@ async def proxy_replies(
                     raise RuntimeError(f"{item.id}: faithproxy answered {reply.status_code}: {reply.text[:300]}")
                 data = reply.json()
                 content = data["choices"][0]["message"]["content"] or ""
-                return content, reply.headers["x-faithproxy-request-id"], data.get("faithfulness") or {}
+                # the upstream usage rides with the summary: every generator token of the row (the chain,
+                # rewrites, the consistency detector's samples) per chain, against vanilla's
+                summary = {**(data.get("faithfulness") or {}), "upstream_usage": data.get("usage") or {}}
+                return content, reply.headers["x-faithproxy-request-id"], summary
 
         return list(await asyncio.gather(*(one(i) for i in items)))
 
@@ -265,7 +271,8 @@ async def run_all(
                 upstream = router_url
                 extra = {"probe_path": str(probe_path), "hidden_states_layers": list(hidden_layers)}
             settings = Settings(upstream_url=upstream, judges=judges, default_judge=PIXELS,
-                                trace_path=str(traces_path), max_retries=max_retries, **options, **extra)  # fmt: skip
+                                consistency_claims=WORLD_CLAIMS, trace_path=str(traces_path),
+                                max_retries=max_retries, **options, **extra)  # fmt: skip
             reset = await asyncio.gather(*(reset_prefix_cache(url) for url in servers))
             before = routed_counts(router) if router is not None else {}
             async with running_app(create_app(settings)) as proxy_url:
@@ -455,7 +462,7 @@ def benchmark(
         "vanilla": vanilla,
         "detectors": score_rows(items, raw, detectors),
     }
-    result["goals"] = goals(result)
+    result["goals"] = goals(result) | {"deployable": deployable_goals(items, raw, detectors)}
     labelled = {"vanilla": [labelled_record(i, r, i.id) for i, r in zip(items, raw["vanilla_replies"], strict=True)]}
     for name in detectors:
         contents = [content for content, _, _ in raw[name]["replies"]]

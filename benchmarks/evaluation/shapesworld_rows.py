@@ -7,7 +7,9 @@ learned ShapesWorld judge on a second vLLM, through the OpenAI-compatible backen
 had); a bare `cascade` asks the learned judge, since a cascade in front of an oracle saves nothing.
 A row may end in `@T`, a flag threshold sent as `X-Faithproxy-Flag-Threshold` (e.g. `judge:learned@0.4`):
 the judge's flags whose confidence is under T are delivered `unsure` and not rewritten. Only a detector
-that calls a judge takes one. A threshold is chosen on validation-seed chains (`--seed`, `--start`), never
+that calls a judge takes one, and `consistency` (the generator's own samples, no judge), whose `@T` is
+sent as `X-Faithproxy-Consistency-Threshold`: it flags a step when at least that share of the samples
+does not support it. A threshold is chosen on validation-seed chains (`--seed`, `--start`), never
 on the held-out ones the row is reported on.
 
 Every figure here is by ground truth (`shapesworld.claims` on the scene's true objects), read from the
@@ -58,7 +60,9 @@ class Row:
         if self.judge is not None:
             headers["x-faithproxy-judge"] = self.judge
         if self.flag_threshold is not None:
-            headers["x-faithproxy-flag-threshold"] = repr(self.flag_threshold)
+            # a judge's flags under T are unsure; the consistency detector flags at T and above
+            name = "consistency-threshold" if self.detector == "consistency" else "flag-threshold"
+            headers[f"x-faithproxy-{name}"] = repr(self.flag_threshold)
         if self.rewrites is not None:
             headers["x-faithproxy-cascade-rewrites"] = self.rewrites
         return headers
@@ -96,9 +100,9 @@ def parse_row(text: str) -> Row:
     if rewrites is not None and cls.name != "cascade":
         raise ValueError(f"row {name!r}: +rewrites= is for cascade rows")
     if not cls.uses_judge:
-        if judge or at:
+        if judge or (at and cls.name != "consistency"):
             raise ValueError(f"row {name!r}: the {detector} detector calls no judge")
-        return Row(name, detector, None, cls.reads_hidden_states)
+        return Row(name, detector, None, cls.reads_hidden_states, threshold)
     judge = judge or _BARE_JUDGE.get(detector, LEARNED)
     if judge not in JUDGES:
         raise ValueError(f"row {name!r}: unknown judge {judge!r} (known: {', '.join(JUDGES)})")
