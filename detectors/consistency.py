@@ -36,9 +36,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -78,10 +78,22 @@ class Calibration:
         return cls(float(data["a"]), float(data["b"]))
 
 
+@dataclass
+class _Samples:
+    """The claims of each sample from one prefix, and the claims flagged there (a rewrite must beat
+    every other alternative the samples hold, not only the flagged claim)."""
+
+    claims: list[set[Hashable]]
+    flagged: set[Hashable] = field(default_factory=set)
+
+
 @dataclass(frozen=True)
 class Vote:
+    claim: Hashable
     agree: int  # samples that support the step's claim
     voters: int  # samples that made any claim
+    best_other: int  # the most samples any other claim (not a flagged one) has
+    samples: _Samples
 
     @property
     def share_against(self) -> float:
@@ -126,7 +138,7 @@ class ConsistencyDetector(Detector):
         self.threshold = threshold
         self.calibration = calibration
         self.seeded = seeded
-        self._memo: OrderedDict[tuple[str, str], list[set[Hashable]]] = OrderedDict()
+        self._memo: OrderedDict[tuple[str, str], _Samples] = OrderedDict()
         self.requests = 0  # sampling requests sent (n = samples each); memo hits send none
 
     @classmethod
@@ -172,28 +184,43 @@ class ConsistencyDetector(Detector):
                     Verdict(Faithfulness.UNKNOWN, self.name, kind=step.kind, latency_s=latency, unchecked="no_votes")
                 )
             else:
-                p = self.probability(vote)
-                verdicts.append(
-                    Verdict(
-                        Faithfulness.UNFAITHFUL if p >= threshold else Faithfulness.FAITHFUL,
-                        self.name,
-                        kind=step.kind,
-                        reason=f"{vote.agree} of {vote.voters} samples agree",
-                        latency_s=latency,
-                        score=round(p, 4),
-                    )
-                )
+                verdicts.append(self._verdict(view, step, vote, threshold, latency))
         return CheckResult(tuple(verdicts), usage)
+
+    def _verdict(self, view: RequestView, step: Step, vote: Vote, threshold: float, latency: float) -> Verdict:
+        """A draft is flagged at the threshold. A rewrite of a flagged step is checked against the same
+        samples by another rule: it passes when no other claim (the flagged one aside) has more samples
+        behind it. The threshold cannot be the rule there: a step flagged at 3 of 8 samples against
+        still has 5 of 8 behind it, so any alternative has at most 3, and no rewrite would ever pass."""
+        p = self.probability(vote)
+        reason = f"{vote.agree} of {vote.voters} samples agree"
+        if view.rewrite and vote.samples.flagged:
+            faithful = vote.agree >= max(1, vote.best_other)
+            reason += f"; rewrite, best alternative {vote.best_other}"
+        else:
+            faithful = p < threshold
+            if not faithful:
+                vote.samples.flagged.add(vote.claim)
+        return Verdict(
+            Faithfulness.FAITHFUL if faithful else Faithfulness.UNFAITHFUL,
+            self.name,
+            kind=step.kind,
+            reason=reason,
+            latency_s=latency,
+            score=round(p, 4),
+        )
 
     async def _vote(self, view: RequestView, before: str, step: Step, usage: Usage) -> Vote | None:
         claim = self.reader.key(step.text)
         if claim is None:
             return None  # the reader sees no claim in it: nothing to compare
-        claims = await self._sampled_claims(view, before, step.index, usage)
-        voters = [c for c in claims if c]
-        return Vote(sum(claim in c for c in voters), len(voters))
+        samples = await self._sampled_claims(view, before, step.index, usage)
+        voters = [c for c in samples.claims if c]
+        support = Counter(c for sample in voters for c in sample)
+        others = [n for c, n in support.items() if c != claim and c not in samples.flagged]
+        return Vote(claim, support[claim], len(voters), max(others, default=0), samples)
 
-    async def _sampled_claims(self, view: RequestView, before: str, index: int, usage: Usage) -> list[set[Hashable]]:
+    async def _sampled_claims(self, view: RequestView, before: str, index: int, usage: Usage) -> _Samples:
         """The claims of each of the k samples from `before` (memoised per request and prefix)."""
         key = (view.request_id, before)
         if key in self._memo:
@@ -225,7 +252,7 @@ class ConsistencyDetector(Detector):
             found = {self.reader.key(s.text) for s in segment_text(text) if s.text}
             found.discard(None)
             claims.append(found)
-        self._memo[key] = claims
+        samples = self._memo[key] = _Samples(claims)
         while len(self._memo) > _MEMO_SIZE:
             self._memo.popitem(last=False)
-        return claims
+        return samples

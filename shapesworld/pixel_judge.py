@@ -27,3 +27,36 @@ class PixelJudge:
         checks = check_chain(sentences, scene.objects).sentences
         kinds = [StepKind.PERCEPTION if c.kind == PERCEPTION else StepKind.REASONING for c in checks]
         return describe(scene), kinds, [c.faithful is False for c in checks]
+
+
+class NoisyPixelJudge:
+    """A judge of set quality: the pixel judge's verdicts, each flipped by a seeded coin so that the
+    flags have `precision` and `recall` on steps whose base rate of false sentences is `base_rate`.
+
+    A false sentence is flagged with probability `recall`; a true one with the false-positive rate that
+    gives `precision` at that base rate: fpr = recall * b * (1 - precision) / (precision * (1 - b)).
+    The coin of a sentence is a hash of (seed, image, sentence), so the same sentence about the same
+    image gets the same verdict in every call of a chain and in every run: a team's judge is wrong about
+    a step the same way each time it is asked. It answers like the pixel judge otherwise.
+    """
+
+    def __init__(self, precision: float, recall: float, base_rate: float, seed: int = 0) -> None:
+        if not (0 < precision <= 1 and 0 <= recall <= 1 and 0 < base_rate < 1):
+            raise ValueError("precision in (0, 1], recall in [0, 1], base_rate in (0, 1)")
+        self.precision, self.recall, self.seed = precision, recall, seed
+        self.false_positive_rate = min(1.0, recall * base_rate * (1 - precision) / (precision * (1 - base_rate)))
+        self.oracle = PixelJudge()
+
+    def _coin(self, image: bytes, sentence: str) -> float:
+        import hashlib
+
+        digest = hashlib.sha256(f"{self.seed}\0{sentence}\0".encode() + hashlib.sha256(image).digest()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    def verdicts(self, sentences: list[str], images: list[bytes]) -> tuple[str, list[StepKind], list[bool]]:
+        description, kinds, false = self.oracle.verdicts(sentences, images)
+        flags = []
+        for sentence, kind, wrong in zip(sentences, kinds, false, strict=True):
+            chance = self.recall if wrong else self.false_positive_rate
+            flags.append(kind is StepKind.PERCEPTION and self._coin(images[-1], sentence) < chance)
+        return description, kinds, flags

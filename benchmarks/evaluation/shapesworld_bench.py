@@ -209,6 +209,7 @@ async def run_all(
     hidden_layers: Sequence[int] | None = None,
     cascade: tuple[float, float] | None = None,
     resume: bool = False,
+    oracle: Any = None,
 ) -> dict[str, Any]:
     """Vanilla replies, then each row's corrected replies through a fresh proxy.
 
@@ -221,7 +222,8 @@ async def run_all(
     root URL), needed by rows that ask the learned judge. Rows that read hidden states need
     `capture_url` (a second vLLM of the generator, started with the capture flags for `hidden_layers`:
     it gets the captures only, see shapesworld_router), `probe_path` and `hidden_layers`. `cascade`:
-    (low, high), else the settings'.
+    (low, high), else the settings'. `oracle`: what answers as the `pixels` judge (default: the pixel
+    judge; `NoisyPixelJudge` for a judge of set precision and recall).
     """
     from faithproxy.clients.judges import JudgeConfig
     from faithproxy.server.app import create_app
@@ -243,7 +245,7 @@ async def run_all(
         saved = save_part(workdir, "vanilla", ids, {"replies": replies, "wall_s": time.monotonic() - started})
     result: dict[str, Any] = {"vanilla_replies": saved["replies"], "vanilla_wall_s": saved["wall_s"], "traces": {}}
     async with AsyncExitStack() as stack:
-        pixel_url = await stack.enter_async_context(running_judge_server(create_judge_app(PixelJudge())))
+        pixel_url = await stack.enter_async_context(running_judge_server(create_judge_app(oracle or PixelJudge())))
         router = create_router(vllm_url, capture_url) if hidden and capture_url else None
         router_url = await stack.enter_async_context(running_app(router)) if router is not None else None
         judges = [JudgeConfig(name=PIXELS, backend="anthropic", model="shapesworld-pixel-judge", base_url=pixel_url,

@@ -124,3 +124,29 @@ async def test_no_votes_is_unknown_and_a_failed_call_is_a_detector_error() -> No
     broken = ConsistencyDetector(client, _Words(), samples=2)
     with pytest.raises(DetectorError, match="consistency sampling failed"):
         await broken.check(_view(), [step])
+
+
+async def test_a_rewrite_passes_when_no_other_alternative_has_more_samples() -> None:
+    seen: list[dict] = []
+    samples = [
+        " A red circle.",
+        " A blue circle.",
+        " A red circle.",
+        " A blue circle.",
+        " A red circle.",
+        " A green one.",
+    ]
+    detector = _detector(samples, seen)
+    detector.threshold = 0.3
+    draft = Step(index=0, text="A red circle.", raw="A red circle.", kind=StepKind.PERCEPTION)
+    (flag,) = (await detector.check(_view(), [draft])).verdicts
+    assert flag.faithfulness is Faithfulness.UNFAITHFUL  # 3 of 6 against
+
+    rewrite_view = RequestView("r", "m", [{"role": "user", "content": "q"}], "q", rewrite=True)
+    blue = Step(index=0, text="A blue circle.", raw="A blue circle.", kind=StepKind.PERCEPTION)
+    green = Step(index=0, text="A green one.", raw="A green one.", kind=StepKind.PERCEPTION)
+    (ok,) = (await detector.check(rewrite_view, [blue])).verdicts
+    (weak,) = (await detector.check(rewrite_view, [green])).verdicts
+    assert ok.faithfulness is Faithfulness.FAITHFUL and "best alternative 1" in (ok.reason or "")
+    assert weak.faithfulness is Faithfulness.UNFAITHFUL  # blue has 2 samples behind it, green 1
+    assert len(seen) == 1  # the rewrites were read against the draft's samples
