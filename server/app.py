@@ -162,6 +162,7 @@ def _lifespan(
                 max_tokens=settings.regeneration_max_tokens,
                 samples=settings.regeneration_samples,
                 insist_share=settings.regeneration_insist_share,
+                claims=settings.consistency_claims,
             ),
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),

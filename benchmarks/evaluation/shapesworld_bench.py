@@ -272,6 +272,8 @@ async def run_all(
             if row.reads_hidden_states and router_url is not None and hidden_layers:
                 upstream = router_url
                 extra = {"probe_path": str(probe_path), "hidden_states_layers": list(hidden_layers)}
+            if row.regenerator is not None:
+                extra = {**extra, "regenerator": row.regenerator}
             settings = Settings(upstream_url=upstream, judges=judges, default_judge=PIXELS,
                                 consistency_claims=WORLD_CLAIMS, trace_path=str(traces_path),
                                 max_retries=max_retries, **options, **extra)  # fmt: skip

@@ -54,6 +54,7 @@ class Row:
     reads_hidden_states: bool = False
     flag_threshold: float | None = None  # `@T`: the judge's flags under T are delivered unsure
     rewrites: str | None = None  # `+rewrites=judge|cascade`: who checks a rewrite under the cascade
+    regenerator: str | None = None  # `+regenerator=NAME`: the proxy's FAITHPROXY_REGENERATOR for this row
 
     def headers(self) -> dict[str, str]:
         headers = {"x-faithproxy-mode": "correct", "x-faithproxy-detector": self.detector}
@@ -80,13 +81,19 @@ def _threshold(name: str, text: str) -> float:
 
 def parse_row(text: str) -> Row:
     """`DETECTOR`, `DETECTOR:JUDGE`, either with `@T`, a cascade row also with `+rewrites=judge|cascade`
-    (the server's FAITHPROXY_CASCADE_REWRITES when absent); ValueError for an unknown detector or judge,
+    (the server's FAITHPROXY_CASCADE_REWRITES when absent), any row ending in `+regenerator=NAME`;
+    ValueError for an unknown detector or judge,
     a judge or a threshold given to a detector that calls none, or a threshold outside 0..1."""
     from faithproxy.detectors.cascade import REWRITE_CHECKERS
     from faithproxy.detectors.registry import DETECTORS
+    from faithproxy.regenerators.registry import REGENERATORS
 
     name = text.strip()
-    head, plus, rewrites_text = name.partition("+rewrites=")
+    rest, plus, regenerator_text = name.partition("+regenerator=")
+    regenerator = regenerator_text if plus else None
+    if plus and regenerator not in REGENERATORS:
+        raise ValueError(f"row {name!r}: +regenerator= takes one of {', '.join(REGENERATORS)}")
+    head, plus, rewrites_text = rest.partition("+rewrites=")
     rewrites = rewrites_text if plus else None
     if plus and rewrites not in REWRITE_CHECKERS:
         raise ValueError(f"row {name!r}: +rewrites= takes one of {', '.join(REWRITE_CHECKERS)}")
@@ -102,11 +109,11 @@ def parse_row(text: str) -> Row:
     if not cls.uses_judge:
         if judge or (at and cls.name != "consistency"):
             raise ValueError(f"row {name!r}: the {detector} detector calls no judge")
-        return Row(name, detector, None, cls.reads_hidden_states, threshold)
+        return Row(name, detector, None, cls.reads_hidden_states, threshold, regenerator=regenerator)
     judge = judge or _BARE_JUDGE.get(detector, LEARNED)
     if judge not in JUDGES:
         raise ValueError(f"row {name!r}: unknown judge {judge!r} (known: {', '.join(JUDGES)})")
-    return Row(name, detector, judge, cls.reads_hidden_states, threshold, rewrites)
+    return Row(name, detector, judge, cls.reads_hidden_states, threshold, rewrites, regenerator)
 
 
 # ------------------------------------------------------------------ UPR, accuracy, P/R/F1
@@ -419,6 +426,7 @@ def score_rows(items: Sequence[Item], raw: dict[str, Any], detectors: Sequence[s
             "detector": row.detector,
             "judge": row.judge,
             "flag_threshold": row.flag_threshold,
+            **({"regenerator": row.regenerator} if row.regenerator is not None else {}),
             **({"cascade_rewrites": row.rewrites} if row.rewrites is not None else {}),
             "corrected": corrected,
             **draft_scores(items, traces),

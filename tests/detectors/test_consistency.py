@@ -150,3 +150,25 @@ async def test_a_rewrite_passes_when_no_other_alternative_has_more_samples() -> 
     assert ok.faithfulness is Faithfulness.FAITHFUL and "best alternative 1" in (ok.reason or "")
     assert weak.faithfulness is Faithfulness.UNFAITHFUL  # blue has 2 samples behind it, green 1
     assert len(seen) == 1  # the rewrites were read against the draft's samples
+
+
+async def test_resample_rewrites_with_the_most_sampled_other_claim() -> None:
+    from faithproxy.regenerators.resample import ResampleRegenerator
+
+    seen: list[dict] = []
+    samples = [" A red circle.", " A blue circle. X.", " A green one.", " A blue circle.", " ", " A red circle."]
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(
+            200, json={"choices": [{"index": i, "message": {"content": c}} for i, c in enumerate(samples)]}
+        )
+
+    client = VLLMClient("http://vllm.test", transport=httpx.MockTransport(reply))
+    regenerator = ResampleRegenerator(client, samples=6, claims=_Words())
+    bad = Step(index=0, text="A red circle.", raw="A red circle.", kind=StepKind.PERCEPTION)
+    out = await regenerator.regenerate(_view(), [], bad, 1)
+    assert out.candidate == "A blue circle."  # red is the flagged claim; blue has 2 samples, green 1
+    bad.rejected.append("A blue circle.")
+    assert (await regenerator.regenerate(_view(), [], bad, 2)).candidate == "A green one."
+    assert seen[0]["n"] == 6 and seen[0]["temperature"] == 1.0 and seen[0]["continue_final_message"] is True

@@ -20,7 +20,7 @@ async def test_build_by_name_passes_the_settings() -> None:
     assert (regenerator.generator, regenerator.temperature, regenerator.max_tokens, regenerator.samples) == (
         generator, 0.3, 64, 4,
     )  # fmt: skip
-    assert REGENERATORS.listing() == [("reflect", REGENERATORS["reflect"].description)]
+    assert REGENERATORS.listing() == [(name, REGENERATORS[name].description) for name in ("reflect", "resample")]
     assert regenerator.insist_share is None  # early stop is off unless the setting is given
 
 
