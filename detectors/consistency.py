@@ -23,7 +23,7 @@ ANY of its sentences makes the same claim: a model that lists the objects in ano
 the same objects, which comparing first sentences alone would count as disagreement. The score is
 P(unfaithful)-like; a step at or above the threshold (per request `X-Faithproxy-Consistency-Threshold`,
 else `FAITHPROXY_CONSISTENCY_THRESHOLD`) is UNFAITHFUL. A calibration file
-(`FAITHPROXY_CONSISTENCY_CALIBRATION`, written by `faithproxy bench calibrate-consistency`) maps the raw
+(`FAITHPROXY_CONSISTENCY_CALIBRATION`, written by benchmarks/evaluation/consistency_calibrate.py) maps the raw
 share to a calibrated probability first, so the threshold reads as one.
 
 Samples whose sentences make no claim at all (the sample went straight to reasoning) carry no vote: the
@@ -123,8 +123,8 @@ class ConsistencyDetector(Detector):
         *,
         samples: int = 8,
         temperature: float = 1.0,
-        max_tokens: int = 64,
-        threshold: float = 0.3,
+        max_tokens: int = 32,
+        threshold: float = 0.25,
         calibration: Calibration | None = None,
         seeded: bool = True,
     ) -> None:
@@ -150,8 +150,8 @@ class ConsistencyDetector(Detector):
             claim_reader(c.get("claims", "words")),
             samples=c.get("samples", 8),
             temperature=c.get("temperature", 1.0),
-            max_tokens=c.get("max_tokens", 64),
-            threshold=c.get("threshold", 0.3),
+            max_tokens=c.get("max_tokens", 32),
+            threshold=c.get("threshold", 0.25),
             calibration=calibration,
             seeded=c.get("seeded", True),
         )

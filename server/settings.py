@@ -201,17 +201,16 @@ class Settings(BaseSettings):
     # through the registry (tests/test_layers.py); tests/detectors/test_cascade.py keeps the two equal.
     cascade_rewrites: Literal["cascade", "judge"] = "judge"
     # The consistency detector (detectors/consistency.py): samples asked of the generator per perception
-    # step (one request, vLLM's `n`), their temperature and length (a few sentences: a sample that lists
-    # the objects in another order must get to the one the step names), the flag threshold on the share
-    # of samples that do not support the step (or on the calibrated probability, with a calibration
-    # file), and the claim reader that compares sentences by meaning (detectors/claim_readers.py: a
-    # registered name, or package.module:Class).
+    # step (one request, vLLM's `n`), their temperature and length (32 tokens: on seed 997 a sample's
+    # first sentence told as much as its next few), the flag threshold on the share of samples that do
+    # not support the step (or on the calibrated probability, with a calibration file), and the reader
+    # that compares sentences by meaning (detectors/claim_readers.py: a name, or package.module:Class).
     consistency_samples: int = Field(8, ge=2, le=16)
     consistency_temperature: float = Field(1.0, gt=0.0, le=2.0)
-    consistency_max_tokens: int = Field(64, ge=8, le=512)
-    consistency_threshold: float = Field(0.3, ge=0.0, le=1.0)  # chosen on seed 997: docs/consistency.md
+    consistency_max_tokens: int = Field(32, ge=8, le=512)
+    consistency_threshold: float = Field(0.25, ge=0.0, le=1.0)  # chosen on seed 997: docs/consistency.md
     consistency_claims: str = "words"
-    consistency_calibration: str | None = None  # faithproxy bench calibrate-consistency --out
+    consistency_calibration: str | None = None  # consistency_calibrate.py --out
     # One seed per step position (less noise; see detectors/consistency.py for the vLLM-CPU caveat).
     consistency_seeded: bool = True
 

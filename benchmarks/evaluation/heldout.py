@@ -16,7 +16,9 @@ gives them) with the sha256 of the models and of the probe. `run` refuses unless
 committed unchanged, the tracked tree is clean, today's settings and files hash as frozen, and no result
 for the seed exists yet; `--rerun` runs again anyway and labels the result a rerun (a new file, the
 first result kept). The result records the command, the commit, the date and the machine, and is
-committed whatever it shows.
+committed whatever it shows. A run that was stopped resumes: started again with the same frozen file
+(the preflight checks still hold), it reads back the parts it had finished (vanilla, each row) from its
+workdir (`var/bench-heldout/<name>/`) and runs the rest; `protocol.resumed_parts` names them.
 """
 
 from __future__ import annotations
@@ -191,6 +193,10 @@ def run(options_path: Path, rerun: bool, workdir: Path) -> Path:
         layers = frozen["settings"]["hidden_states_layers"] or Probe.load(probe).layers
     if o["cascade_rewrites"] is not None:
         os.environ["FAITHPROXY_CASCADE_REWRITES"] = o["cascade_rewrites"]
+    # Parts (vanilla, each row) finished by an earlier start of this same frozen run are kept and read
+    # back: a run stopped half-way goes on from its last finished part, and the record says so.
+    workdir = workdir / options_path.name.removesuffix(".options.json")
+    found = sorted(p.name for p in workdir.glob("raw-*.json")) if workdir.is_dir() else []
     started, host = now(), machine()
     result = benchmark(
         Path(o["model"]),
@@ -206,8 +212,10 @@ def run(options_path: Path, rerun: bool, workdir: Path) -> Path:
         probe_path=probe,
         hidden_layers=layers,
         cascade=(o["cascade_low"], o["cascade_high"]),
+        resume=True,
     )
     result.pop("labelled")
+    host["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out = result_path(options_path, number)
     result |= {
         "left_out": {},
@@ -218,6 +226,8 @@ def run(options_path: Path, rerun: bool, workdir: Path) -> Path:
             "run": "first" if number == 0 else f"rerun {number}",
             "started": started,
             "finished": now(),
+            # parts an earlier, stopped start of this run had finished (read back, not run again)
+            "resumed_parts": found,
         },
         "date": started,
         "machine": host,

@@ -82,3 +82,31 @@ def test_a_setting_changed_since_the_freeze_is_refused(
     monkeypatch.setattr(heldout, "proxy_settings", lambda: data["settings"] | {"regeneration_samples": 4})
     with pytest.raises(ProtocolError, match="regeneration_samples"):
         preflight(path, data, rerun=False)
+
+
+def test_a_stopped_run_resumes_from_its_finished_parts_and_says_so(
+    frozen: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Started again with the same frozen file, the run reads back its parts (resume=True into the
+    run's own workdir) and the record names the parts it found."""
+    from faithproxy.benchmarks.evaluation import shapesworld_bench
+
+    path, data = frozen
+    monkeypatch.setattr(heldout, "_git", _git(tracked=True, dirty=False))
+    calls: list[dict[str, Any]] = []
+
+    def benchmark(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append({"workdir": args[4], **kwargs})
+        return {"labelled": {}, "detectors": {}}
+
+    monkeypatch.setattr(shapesworld_bench, "benchmark", benchmark)
+    monkeypatch.setattr(shapesworld_bench, "write_result", lambda result, out: out.write_text(json.dumps(result)))
+    monkeypatch.setattr(shapesworld_bench, "markdown", lambda result: "")
+    workdir = tmp_path / "work"
+    (workdir / "shapesworld-27191").mkdir(parents=True)
+    (workdir / "shapesworld-27191" / "raw-vanilla.json").write_text("{}")
+    out = heldout.run(path, rerun=False, workdir=workdir)
+    record = json.loads(out.read_text())
+    assert calls[0]["resume"] is True and calls[0]["workdir"] == workdir / "shapesworld-27191"
+    assert record["protocol"]["resumed_parts"] == ["raw-vanilla.json"]
+    assert len(record["machine"]["loadavg_at_start"]) == len(record["machine"]["loadavg_at_end"]) == 3
