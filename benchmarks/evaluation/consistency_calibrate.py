@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from faithproxy.benchmarks.evaluation.shapesworld_bench import git_commit
 
 
 def fit(share: np.ndarray, false: np.ndarray, iterations: int = 50) -> tuple[float, float]:
@@ -76,6 +80,9 @@ def main() -> None:
         "command": "python -m faithproxy.benchmarks.evaluation.consistency_calibrate "
         + " ".join(str(p) for p in args.signal)
         + f" --precision {args.precision} --out {args.out}",
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]},
         "a": round(a, 6),
         "b": round(b, 6),
         "fitted_on": sources,

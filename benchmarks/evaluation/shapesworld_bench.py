@@ -381,6 +381,7 @@ def benchmark(
 
     rows = [parse_row(name) for name in detectors]
     items = heldout_items(n, seed, start=start)
+    started, load_at_start = time.time(), [round(x, 2) for x in os.getloadavg()]
     workdir.mkdir(parents=True, exist_ok=True)
     capture: list[str] = []
     if any(r.reads_hidden_states for r in rows):
@@ -440,6 +441,13 @@ def benchmark(
     if capture and probe_path is not None:
         models["probe"] = {"path": _shown(probe_path), "sha256": file_sha256(probe_path)}
     result: dict[str, Any] = {
+        # when and where it ran: the load beside it decides whether its wall times mean anything
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": load_at_start,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },  # fmt: skip
         "n_chains": len(items),
         "scenes_seed": seed,
         "first_item": start,
