@@ -111,8 +111,7 @@ class ConsistencyDetector(Detector):
             "x-faithproxy-consistency-threshold",
             probability,
             "a probability from 0 to 1",
-            setting="consistency_threshold",
-            setting_is_default=True,
+            setting="consistency_threshold",  # the detector holds the server's value from its build
         ),
     )
 
@@ -142,7 +141,9 @@ class ConsistencyDetector(Detector):
         self.requests = 0  # sampling requests sent (n = samples each); memo hits send none
 
     @classmethod
-    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> ConsistencyDetector:
+    def from_deps(cls, deps: DetectorDeps, built: Mapping[str, Detector]) -> ConsistencyDetector | None:
+        if deps.generator is None:
+            return None  # nothing to sample from: the name is refused per request
         c = deps.consistency
         calibration = Calibration.load(c["calibration"]) if c.get("calibration") else None
         return cls(

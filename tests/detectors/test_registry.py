@@ -123,6 +123,7 @@ def test_the_built_in_declarations() -> None:
         "x-faithproxy-cascade-low": "cascade_low",
         "x-faithproxy-cascade-high": "cascade_high",
         "x-faithproxy-cascade-rewrites": "cascade_rewrites",
+        "x-faithproxy-consistency-threshold": "consistency_threshold",
     }
     assert decision_stages() == ("probe", "judge")
 
