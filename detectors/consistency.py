@@ -40,12 +40,12 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from faithproxy.clients.vllm import choice_texts
 from faithproxy.detectors.base import Detector
 from faithproxy.detectors.claim_readers import ClaimReader, claim_reader
-from faithproxy.detectors.features import capture_texts
+from faithproxy.detectors.features import capture_texts, continuation_body
 from faithproxy.detectors.options import DetectorOption, probability
 from faithproxy.faithcore.context import CheckResult, RequestView, Usage
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode, UpstreamError
@@ -228,16 +228,7 @@ class ConsistencyDetector(Detector):
             self._memo.move_to_end(key)
             return self._memo[key]
         assert self.generator is not None
-        body: dict[str, Any] = {
-            "model": view.model,
-            "messages": [*view.messages, {"role": "assistant", "content": before}],
-            "continue_final_message": True,
-            "add_generation_prompt": False,
-            "n": self.samples,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "stream": False,
-        }
+        body = continuation_body(view, before, n=self.samples, temperature=self.temperature, max_tokens=self.max_tokens)
         if self.seeded:
             body["seed"] = index
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import FaithproxyError
@@ -91,3 +91,18 @@ async def read_step_features(
         logger.warning("request %s: no features recorded: %s", view.request_id, exc.message)
         return none
     return tuple(Features.last_token(captured[i]) if i in captured else None for i in range(len(steps)))
+
+
+def continuation_body(view: RequestView, before: str, *, n: int, temperature: float, max_tokens: int) -> dict[str, Any]:
+    """A non-streamed request for `n` sampled continuations of the chain text `before` (markers
+    included): the request's messages with `before` as the partial assistant message."""
+    return {
+        "model": view.model,
+        "messages": [*view.messages, {"role": "assistant", "content": before}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "n": n,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "stream": False,
+    }

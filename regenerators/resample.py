@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from faithproxy.clients.vllm import VLLMClient, choice_texts
 from faithproxy.detectors.claim_readers import ClaimReader, claim_reader
-from faithproxy.detectors.features import capture_texts
+from faithproxy.detectors.features import capture_texts, continuation_body
 from faithproxy.faithcore.context import Regeneration, RequestView, Usage
 from faithproxy.faithcore.errors import RegenerationError, UpstreamError
 from faithproxy.faithcore.segmenter import segment_text
@@ -51,16 +51,9 @@ class ResampleRegenerator(Regenerator):
 
     async def regenerate(self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int) -> Regeneration:
         before, _ = capture_texts(view.accepted, [bad_step], view.reasoning_format)
-        body: dict[str, Any] = {
-            "model": view.model,
-            "messages": [*view.messages, {"role": "assistant", "content": before.rstrip()}],
-            "continue_final_message": True,
-            "add_generation_prompt": False,
-            "n": self.samples,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "stream": False,
-        }
+        body = continuation_body(
+            view, before.rstrip(), n=self.samples, temperature=self.temperature, max_tokens=self.max_tokens
+        )
         usage = Usage()
         try:
             completion = await self.generator.chat(body)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body, git_commit
+from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
+from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
 from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
 from faithproxy.shapesworld.dataset import Item
@@ -149,20 +149,13 @@ def main() -> None:
     cli.add_argument("--out", type=Path, required=True)
     args = cli.parse_args()
     items = heldout_items(args.n, args.seed)
-    started = time.time()
-    load = os.getloadavg()
+    started, load = time.time(), load_now()
     with start_vllm(args.model, served_model_name=SERVED_NAME, env=DEV_MODE, health_timeout=VLLM_START_S) as vllm:
         steps = asyncio.run(collect(f"{vllm.base_url}/v1", items, args.k, args.max_tokens, args.concurrency))
     result = {
         "command": "python -m faithproxy.benchmarks.evaluation.consistency_signal "
         f"--seed {args.seed} --n {args.n} --k {args.k} --max-tokens {args.max_tokens} --out {args.out}",
-        "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "loadavg_at_start": [round(x, 2) for x in load],
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },  # fmt: skip
+        **run_record(started, load),
         "seed": args.seed,
         "chains": args.n,
         "k": args.k,

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from faithproxy.benchmarks.evaluation.consistency_signal import auroc
+from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
 from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
 from faithproxy.shapesworld.dataset import Item
@@ -133,7 +133,7 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    from faithproxy.benchmarks.evaluation.shapesworld_bench import JUDGE_WEIGHTS_DIR, benchmark, git_commit
+    from faithproxy.benchmarks.evaluation.shapesworld_bench import JUDGE_WEIGHTS_DIR, benchmark
     from faithproxy.detectors.probe import Probe
     from faithproxy.shapesworld.model import WEIGHTS_DIR
 
@@ -145,7 +145,7 @@ def main() -> None:
     cli.add_argument("--workdir", type=Path, default=Path("var/analysis"))
     cli.add_argument("--out", type=Path, required=True)
     args = cli.parse_args()
-    started, load = time.time(), [round(x, 2) for x in os.getloadavg()]
+    started, load = time.time(), load_now()
     bench = benchmark(WEIGHTS_DIR, args.n, list(ROWS), 8, args.workdir, 3, seed=args.seed,
                       judge_model=JUDGE_WEIGHTS_DIR, probe_path=args.probe,
                       hidden_layers=Probe.load(args.probe).layers, resume=True)  # fmt: skip
@@ -161,13 +161,7 @@ def main() -> None:
     result = {
         "command": f"python -m faithproxy.benchmarks.evaluation.detector_analysis --seed {args.seed} --n {args.n} "
         f"--probe {args.probe} --signal {args.signal} --out {args.out}",
-        "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "loadavg_at_start": load,
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },  # fmt: skip
+        **run_record(started, load),
         "seed": args.seed,
         "chains": args.n,
         "analysis": analyse(items, raw, signal),

@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, SERVED_NAME, VLLM_START_S, git_commit, run_all
+from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
+from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, SERVED_NAME, VLLM_START_S, run_all
 from faithproxy.benchmarks.evaluation.shapesworld_rows import score_rows
 from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.scoring import heldout_items
@@ -122,7 +122,7 @@ def main() -> None:
     cli.add_argument("--out", type=Path, required=True)
     args = cli.parse_args()
     items = heldout_items(args.n, args.seed)
-    started, load = time.time(), os.getloadavg()
+    started, load = time.time(), load_now()
     points = []
     with start_vllm(WEIGHTS_DIR, served_model_name=SERVED_NAME, env=DEV_MODE, health_timeout=VLLM_START_S) as vllm:
         first = args.workdir / "vanilla"
@@ -149,13 +149,7 @@ def main() -> None:
         "command": "python -m faithproxy.benchmarks.evaluation.judge_quality "
         f"--seed {args.seed} --n {args.n} --precision {args.precision} --recall {args.recall} "
         f"--base-rate {args.base_rate} --out {args.out}",
-        "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "loadavg_at_start": [round(x, 2) for x in load],
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },  # fmt: skip
+        **run_record(started, load),
         "seed": args.seed,
         "chains": args.n,
         "base_rate": args.base_rate,

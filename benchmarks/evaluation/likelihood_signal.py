@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.evaluation.consistency_signal import auroc
-from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body, git_commit
+from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
+from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
 from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
 from faithproxy.shapesworld.dataset import Item
@@ -104,7 +104,7 @@ def main() -> None:
     cli.add_argument("--concurrency", type=int, default=8)
     cli.add_argument("--out", type=Path, required=True)
     args = cli.parse_args()
-    started, load = time.time(), os.getloadavg()
+    started, load = time.time(), load_now()
     with start_vllm(WEIGHTS_DIR, served_model_name=SERVED_NAME, env=DEV_MODE, health_timeout=VLLM_START_S) as vllm:
         steps = asyncio.run(collect(vllm.base_url, heldout_items(args.n, args.seed), args.concurrency))
     steps = [s for s in steps if s["logprobs"]]
@@ -116,13 +116,7 @@ def main() -> None:
     result = {
         "command": f"python -m faithproxy.benchmarks.evaluation.likelihood_signal --seed {args.seed} --n {args.n} "
         f"--out {args.out}",
-        "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "loadavg_at_start": [round(x, 2) for x in load],
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },  # fmt: skip
+        **run_record(started, load),
         "seed": args.seed,
         "chains": args.n,
         "steps_scored": len(steps),
