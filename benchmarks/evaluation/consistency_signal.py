@@ -23,7 +23,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import httpx
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
-from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
+from faithproxy.shapesworld.claims import PERCEPTION, SentenceCheck, check_sentence
 from faithproxy.shapesworld.dataset import Item
 from faithproxy.shapesworld.language import parse_claim
 from faithproxy.shapesworld.model import WEIGHTS_DIR
@@ -60,6 +60,18 @@ def _claims(text: str) -> list[Any]:
     return [parse_claim(s) for s in reply_sentences(text) if check_sentence(s, ()).kind == PERCEPTION]
 
 
+def perception_sentences(item: Item, text: str) -> Iterator[tuple[int, str, int, int, SentenceCheck]]:
+    """(index, sentence, start, end, ground truth) of each perception sentence of a reply, `start` and
+    `end` its place in `text`: the chain before it is `text[:start]`."""
+    cursor = 0
+    for i, sentence in enumerate(reply_sentences(text)):
+        start = text.index(sentence, cursor)
+        cursor = start + len(sentence)
+        check = check_sentence(sentence, item.scene.objects)
+        if check.kind == PERCEPTION and check.claim is not None:
+            yield i, sentence, start, cursor, check
+
+
 async def collect(base_url: str, items: Sequence[Item], k: int, max_tokens: int, concurrency: int) -> list[dict]:
     gate = asyncio.Semaphore(concurrency)
     steps: list[dict] = []
@@ -70,14 +82,7 @@ async def collect(base_url: str, items: Sequence[Item], k: int, max_tokens: int,
                 reply = await http.post("/chat/completions", json=_body(item))
                 reply.raise_for_status()
             text = reply.json()["choices"][0]["message"]["content"] or ""
-            sentences = reply_sentences(text)
-            cursor = 0
-            for i, sentence in enumerate(sentences):
-                at = text.index(sentence, cursor)
-                cursor = at + len(sentence)
-                check = check_sentence(sentence, item.scene.objects)
-                if check.kind != PERCEPTION or check.claim is None:
-                    continue
+            for i, sentence, at, _, check in perception_sentences(item, text):
                 async with gate:
                     started = time.perf_counter()
                     out = await _sample(http, item, text[:at].rstrip(), k, max_tokens)

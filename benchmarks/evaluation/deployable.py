@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from faithproxy.benchmarks.evaluation.shapesworld_rows import draft_scores, parse_row
+from faithproxy.benchmarks.evaluation.shapesworld_rows import draft_scores, parse_row, row_replies
 from faithproxy.shapesworld.dataset import Item
 from faithproxy.shapesworld.model.scoring import score_reply
 
@@ -91,10 +91,7 @@ def deployable_goals(items: Sequence[Item], raw: Mapping[str, Any], detectors: S
     vanilla_wall = raw["vanilla_wall_s"]
     for name in detectors:
         row = parse_row(name)
-        replies = raw[name]["replies"]
-        contents = [c for c, _, _ in replies]
-        traces = [raw["traces"][rid] for _, rid, _ in replies]
-        summaries = [s for _, _, s in replies]
+        contents, traces, summaries = row_replies(raw, name)
         f = row_figures(items, raw["vanilla_replies"], contents, traces)
         calls = sum((s.get("judge") or {}).get("calls", 0) for s in summaries) / len(items)
         tokens = [(s.get("upstream_usage") or {}).get("completion_tokens") for s in summaries]

@@ -29,7 +29,7 @@ from typing import Any
 
 from faithproxy.benchmarks.evaluation.consistency_signal import auroc
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
-from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
+from faithproxy.benchmarks.evaluation.shapesworld_rows import row_replies, step_type
 from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
 from faithproxy.shapesworld.dataset import Item
 from faithproxy.shapesworld.model.scoring import heldout_items
@@ -76,8 +76,8 @@ def first_drafts(items: Sequence[Item], traces: Sequence[Mapping[str, Any]]) -> 
 
 
 def analyse(items: Sequence[Item], raw: Mapping[str, Any], signal: Mapping[str, Any] | None) -> dict[str, Any]:
-    judge = first_drafts(items, [raw["traces"][rid] for _, rid, _ in raw["judge:learned"]["replies"]])
-    probe = first_drafts(items, [raw["traces"][rid] for _, rid, _ in raw["probe"]["replies"]])
+    judge = first_drafts(items, row_replies(raw, "judge:learned")[1])
+    probe = first_drafts(items, row_replies(raw, "probe")[1])
     consistency = [
         {"type": s["type"], "false": not s["faithful"], "score": 1 - s["support"]}
         for s in (signal or {}).get("steps", [])

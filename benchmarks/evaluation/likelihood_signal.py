@@ -23,15 +23,14 @@ from typing import Any
 
 import httpx
 
-from faithproxy.benchmarks.evaluation.consistency_signal import auroc
+from faithproxy.benchmarks.evaluation.consistency_signal import auroc, perception_sentences
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
-from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
 from faithproxy.shapesworld.dataset import Item
 from faithproxy.shapesworld.model import WEIGHTS_DIR
 from faithproxy.shapesworld.model.evaluate import SERVED_NAME
-from faithproxy.shapesworld.model.scoring import heldout_items, reply_sentences
+from faithproxy.shapesworld.model.scoring import heldout_items
 
 READINGS: dict[str, Callable[[list[float]], float]] = {
     "sum": lambda lps: -sum(lps),
@@ -64,13 +63,7 @@ async def collect(base_url: str, items: Sequence[Item], concurrency: int) -> lis
                 reply = await http.post("/v1/chat/completions", json=_body(item))
                 reply.raise_for_status()
             text = reply.json()["choices"][0]["message"]["content"] or ""
-            cursor = 0
-            for i, sentence in enumerate(reply_sentences(text)):
-                at = text.index(sentence, cursor)
-                cursor = at + len(sentence)
-                check = check_sentence(sentence, item.scene.objects)
-                if check.kind != PERCEPTION or check.claim is None:
-                    continue
+            for i, sentence, at, cursor, check in perception_sentences(item, text):
                 async with gate:
                     upto = await _prompt_logprobs(http, item, text[:cursor])
                     before = await _prompt_logprobs(http, item, text[:at].rstrip())

@@ -411,16 +411,21 @@ def cascade_decisions(metrics_text: str) -> dict[str, int]:
 # ------------------------------------------------------------------------------------ a row's figures
 
 
+def row_replies(raw: Mapping[str, Any], name: str) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A row of `run_all`'s output as (contents, traces, faithfulness summaries), one per chain."""
+    replies = raw[name]["replies"]
+    contents = [content for content, _, _ in replies]
+    traces = [raw["traces"][request_id] for _, request_id, _ in replies]
+    return contents, traces, [summary for _, _, summary in replies]
+
+
 def score_rows(items: Sequence[Item], raw: dict[str, Any], detectors: Sequence[str]) -> dict[str, Any]:
     """Each row's figures from `run_all`'s output, against ground truth and against the vanilla chains."""
     vanilla = chain_scores(items, raw["vanilla_replies"])
     rows: dict[str, Any] = {}
     for name in detectors:
         row = parse_row(name)
-        replies = raw[name]["replies"]
-        contents = [content for content, _, _ in replies]
-        traces = [raw["traces"][request_id] for _, request_id, _ in replies]
-        summaries = [summary for _, _, summary in replies]
+        contents, traces, summaries = row_replies(raw, name)
         corrected = chain_scores(items, contents)
         entry: dict[str, Any] = {
             "detector": row.detector,
