@@ -125,6 +125,12 @@ def shows(value: float, want: float, side: int) -> bool:
     return 0 <= value <= 1 and (value <= want if side > 0 else value >= want)
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    """A ratio as PromQL computes it: 0/0 is NaN (a detector or door the traffic never used; the proxy
+    pre-initialises its series at zero, so such a series exists and reads NaN)."""
+    return numerator / denominator if denominator else math.nan
+
+
 def rule_queries() -> list[RuleQuery]:
     rules = []
     for path in RULE_FILES:

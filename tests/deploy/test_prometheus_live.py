@@ -148,7 +148,7 @@ def expected_ratio(kind: str, labels: dict[str, str], model: str, expr: str) -> 
         counts = [s.residual if kind == "residual" else s.unchecked for s in rows]
         skip = {"detector_none"} if 'reason!="detector_none"' in expr else set()
         numerator = sum(n for c in counts for r, n in c.items() if (reason is None or r == reason) and r not in skip)
-    return numerator / denominator
+    return assets.ratio(numerator, denominator)
 
 
 def summary_of(response: Any, chunks: list[Any]) -> dict[str, Any]:

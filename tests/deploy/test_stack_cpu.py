@@ -40,7 +40,9 @@ SERVICES = ["vllm-cpu", "fixture-judge", "faithproxy-cpu", "prometheus"]
 MODEL = "fixture-vlm"
 
 # Known traffic: (fixture, headers, stream). Every mode and detector the proxy can run without a fault
-# injected into the judge (the judge runs in its own container here).
+# injected into the judge (the judge runs in its own container here). The consistency detector is built
+# too (a generator is configured) but sent nothing: its series are pre-initialised at zero and read 0/0
+# (NaN); tests/integration/test_consistency_vllm.py drives it against real vLLM.
 TRAFFIC = (
     ("red_circle", {"X-Faithproxy-Mode": "correct"}, True),
     ("green_circle", {}, True),
@@ -162,7 +164,7 @@ def expected(kind: str, labels: dict[str, str], counted: list[Sent], door: str) 
         return math.nan
     rows = [s.summary for s in counted if labels.get("detector", s.summary["detector"]) == s.summary["detector"]]
     numerator = sum(r["unfaithful_detected" if kind == "detected" else "residual"] for r in rows)
-    return numerator / sum(r["perception_steps"] for r in rows)
+    return assets.ratio(numerator, sum(r["perception_steps"] for r in rows))
 
 
 def test_prometheus_holds_the_upr_series_and_every_dashboard_query_returns_data(
