@@ -32,6 +32,7 @@ class DetectorDeps:
     judge_samples: dict[str, int] = field(default_factory=dict)  # self-consistency replies per judge name
     # the consistency detector's settings (samples, temperature, max_tokens, threshold, claims, calibration)
     consistency: dict[str, Any] = field(default_factory=dict)
+    routed_routes: str = "count=judge,*=probe"  # the routed detector's default routes (settings.routed_routes)
     on_cascade_decision: Callable[[str, int], None] | None = None
 
 

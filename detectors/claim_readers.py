@@ -36,9 +36,15 @@ class ClaimReader(abc.ABC):
         """A key equal for sentences that make the same claim about the image; None for a sentence that
         makes none (reasoning, an answer line, text the reader cannot read)."""
 
+    def kind(self, sentence: str) -> str | None:
+        """The kind of claim the sentence makes ("count", ...), which the routed detector routes by;
+        None when the reader cannot tell (the step then takes the `*` route)."""
+        return None
+
 
 _NUMBERS = {w: str(i) for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
 _NUMBERS |= {"no": "0", "a": "1", "an": "1", "single": "1"}
+_COUNT_WORDS = frozenset([*"zero one two three four five six seven eight nine ten".split(), "no"])
 _FUNCTION_WORDS = frozenset(
     "the is are there of in on at and with this that image picture photo it its to be has have".split()
 )
@@ -55,6 +61,14 @@ class ContentWords(ClaimReader):
         words = re.findall(r"[a-z0-9]+", sentence.casefold())
         key = frozenset(_NUMBERS.get(w, w) for w in words if w not in _FUNCTION_WORDS)
         return key or None
+
+    def kind(self, sentence: str) -> str | None:
+        """ "count" for a perception sentence that states a number (digits, or a number word: "a" and "an"
+        are not counted, "no" is), "object" for any other perception sentence, None otherwise."""
+        if keyword_kind(sentence) is not StepKind.PERCEPTION:
+            return None
+        words = re.findall(r"[a-z0-9]+", sentence.casefold())
+        return "count" if any(w.isdigit() or w in _COUNT_WORDS for w in words) else "object"
 
 
 CLAIM_READERS: Registry[type[ClaimReader]] = Registry(

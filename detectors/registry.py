@@ -42,6 +42,11 @@ DETECTORS: Registry[type[Detector]] = Registry(
             "faithproxy.detectors.consistency:ConsistencyDetector",
             "generator self-consistency: k samples from the same prefix vote on each step",
         ),
+        # after every detector it may route to (it is built from them)
+        "routed": Entry(
+            "faithproxy.detectors.routed:RoutedDetector",
+            "each claim kind to the detector that reads it best (e.g. counts to the judge)",
+        ),
     },
 )
 

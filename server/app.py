@@ -231,6 +231,7 @@ def _detector_deps(
             "calibration": settings.consistency_calibration,
             "seeded": settings.consistency_seeded,
         },
+        routed_routes=settings.routed_routes,
         on_cascade_decision=lambda stage, n: built_metrics[0].cascade_decisions.labels(stage).inc(n),
     )
 

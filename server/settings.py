@@ -213,6 +213,11 @@ class Settings(BaseSettings):
     consistency_calibration: str | None = None  # consistency_calibrate.py --out
     # One seed per step position (less noise; see detectors/consistency.py for the vLLM-CPU caveat).
     consistency_seeded: bool = True
+    # The routed detector (detectors/routed.py): which detector checks each kind of claim, as
+    # `kind=detector` pairs with a `*` route; kinds come from the consistency_claims reader. Counts to the
+    # judge, the rest to the probe: chosen on seed 997 (docs/detector-analysis.md). A route naming a
+    # detector this server does not build leaves `routed` unbuilt; text that is not routes stops the start.
+    routed_routes: str = "count=judge,*=probe"
 
     @field_validator("reasoning_format")
     @classmethod

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from faithproxy.detectors.claim_readers import ClaimReader
-from faithproxy.shapesworld.language import Claim, CountClaim, ObjectClaim, is_reasoning, parse_claim
+from faithproxy.shapesworld.language import Claim, CountClaim, ObjectClaim, RelationClaim, is_reasoning, parse_claim
 from faithproxy.shapesworld.parser import ImageInput, parse_image
 from faithproxy.shapesworld.world import WorldObject, count_matching
 
@@ -105,3 +105,19 @@ class WorldClaims(ClaimReader):
 
     def key(self, sentence: str) -> Claim | None:
         return None if is_reasoning(sentence) else parse_claim(sentence)
+
+    def kind(self, sentence: str) -> str | None:
+        claim = self.key(sentence)
+        return None if claim is None else step_type(claim)
+
+
+def step_type(claim: Claim) -> str:
+    """The form of a perception sentence: what it asserts about the image (count, absence, relation,
+    object_in_cell, object)."""
+    if isinstance(claim, CountClaim):
+        return "absence" if claim.n == 0 else "count"
+    if isinstance(claim, RelationClaim):
+        return "relation"
+    if claim.ref.row is not None and claim.ref.col is not None:
+        return "object_in_cell"
+    return "object"

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
+from faithproxy.shapesworld.claims import PERCEPTION, check_sentence, step_type
 from faithproxy.shapesworld.dataset import Item
 from faithproxy.shapesworld.language import Claim, CountClaim, RelationClaim
 from faithproxy.shapesworld.model.scoring import ReplyScore, score_reply
@@ -55,6 +55,7 @@ class Row:
     flag_threshold: float | None = None  # `@T`: the judge's flags under T are delivered unsure
     rewrites: str | None = None  # `+rewrites=judge|cascade`: who checks a rewrite under the cascade
     regenerator: str | None = None  # `+regenerator=NAME`: the proxy's FAITHPROXY_REGENERATOR for this row
+    routes: str | None = None  # `+routes=kind=detector;...`: a routed row's X-Faithproxy-Routes
 
     def headers(self) -> dict[str, str]:
         headers = {"x-faithproxy-mode": "correct", "x-faithproxy-detector": self.detector}
@@ -66,6 +67,8 @@ class Row:
             headers[f"x-faithproxy-{name}"] = repr(self.flag_threshold)
         if self.rewrites is not None:
             headers["x-faithproxy-cascade-rewrites"] = self.rewrites
+        if self.routes is not None:
+            headers["x-faithproxy-routes"] = self.routes
         return headers
 
 
@@ -81,11 +84,13 @@ def _threshold(name: str, text: str) -> float:
 
 def parse_row(text: str) -> Row:
     """`DETECTOR`, `DETECTOR:JUDGE`, either with `@T`, a cascade row also with `+rewrites=judge|cascade`
-    (the server's FAITHPROXY_CASCADE_REWRITES when absent), any row ending in `+regenerator=NAME`;
+    (the server's FAITHPROXY_CASCADE_REWRITES when absent), a routed row with `+routes=kind=detector;...`
+    (`;` between routes: the row list is comma-separated), any row ending in `+regenerator=NAME`;
     ValueError for an unknown detector or judge,
     a judge or a threshold given to a detector that calls none, or a threshold outside 0..1."""
     from faithproxy.detectors.cascade import REWRITE_CHECKERS
     from faithproxy.detectors.registry import DETECTORS
+    from faithproxy.detectors.routed import parse_routes
     from faithproxy.regenerators.registry import REGENERATORS
 
     name = text.strip()
@@ -93,6 +98,10 @@ def parse_row(text: str) -> Row:
     regenerator = regenerator_text if plus else None
     if plus and regenerator not in REGENERATORS:
         raise ValueError(f"row {name!r}: +regenerator= takes one of {', '.join(REGENERATORS)}")
+    rest, plus, routes_text = rest.partition("+routes=")
+    routes = routes_text if plus else None
+    if plus and parse_routes(routes_text) is None:
+        raise ValueError(f"row {name!r}: +routes= takes kind=detector pairs separated by ';', one of them *=detector")
     head, plus, rewrites_text = rest.partition("+rewrites=")
     rewrites = rewrites_text if plus else None
     if plus and rewrites not in REWRITE_CHECKERS:
@@ -106,6 +115,8 @@ def parse_row(text: str) -> Row:
         raise ValueError(str(exc).strip("'\"")) from exc
     if rewrites is not None and cls.name != "cascade":
         raise ValueError(f"row {name!r}: +rewrites= is for cascade rows")
+    if routes is not None and cls.name != "routed":
+        raise ValueError(f"row {name!r}: +routes= is for routed rows")
     if not cls.uses_judge:
         if judge or (at and cls.name != "consistency"):
             raise ValueError(f"row {name!r}: the {detector} detector calls no judge")
@@ -113,7 +124,7 @@ def parse_row(text: str) -> Row:
     judge = judge or _BARE_JUDGE.get(detector, LEARNED)
     if judge not in JUDGES:
         raise ValueError(f"row {name!r}: unknown judge {judge!r} (known: {', '.join(JUDGES)})")
-    return Row(name, detector, judge, cls.reads_hidden_states, threshold, rewrites, regenerator)
+    return Row(name, detector, judge, cls.reads_hidden_states, threshold, rewrites, regenerator, routes)
 
 
 # ------------------------------------------------------------------ UPR, accuracy, P/R/F1
@@ -318,17 +329,6 @@ def _share(n: int, of: int) -> float | None:
 
 
 # ------------------------------------------------------------------- where a detector errs, by kind
-
-
-def step_type(claim: Claim) -> str:
-    """The form of a perception sentence: what it asserts about the image."""
-    if isinstance(claim, CountClaim):
-        return "absence" if claim.n == 0 else "count"
-    if isinstance(claim, RelationClaim):
-        return "relation"
-    if claim.ref.row is not None and claim.ref.col is not None:
-        return "object_in_cell"
-    return "object"
 
 
 def error_kind(claim: Claim, objects: Sequence[WorldObject]) -> str:

@@ -96,7 +96,7 @@ def test_cascade_is_made_of_the_built_probe_and_judge() -> None:
         on_cascade_decision=lambda stage, n: decisions.append((stage, n)),
     )
     built = build_detectors(deps)
-    assert sorted(built) == ["cascade", "judge", "none", "probe", "prompt"]
+    assert sorted(built) == ["cascade", "judge", "none", "probe", "prompt", "routed"]
     cascade = built["cascade"]
     assert isinstance(cascade, CascadeDetector)
     assert cascade.probe is built["probe"] and cascade.judge is built["judge"]
@@ -124,6 +124,7 @@ def test_the_built_in_declarations() -> None:
         "x-faithproxy-cascade-high": "cascade_high",
         "x-faithproxy-cascade-rewrites": "cascade_rewrites",
         "x-faithproxy-consistency-threshold": "consistency_threshold",
+        "x-faithproxy-routes": "routes",
     }
     assert decision_stages() == ("probe", "judge")
 

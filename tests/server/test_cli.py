@@ -54,4 +54,4 @@ def test_segment_prints_the_kind_the_step_typer_gives_each_step() -> None:
 
 def test_detectors_lists_registry() -> None:
     names = [line.split()[0] for line in run("detectors").stdout.splitlines()]
-    assert names == ["judge", "prompt", "none", "probe", "cascade", "consistency"]
+    assert names == ["judge", "prompt", "none", "probe", "cascade", "consistency", "routed"]

@@ -18,7 +18,7 @@ def detector_enum(parameters: list[dict[str, Any]]) -> list[str]:
 
 def test_without_judges_the_detectors_that_use_one_are_not_offered() -> None:
     assert detector_enum(chat_parameters(Settings())) == ["consistency", "none", "probe", "prompt"]
-    with_judge = ["cascade", "consistency", "judge", "none", "probe", "prompt"]
+    with_judge = ["cascade", "consistency", "judge", "none", "probe", "prompt", "routed"]
     assert detector_enum(chat_parameters(Settings(judges=[JUDGE]))) == with_judge
 
 
