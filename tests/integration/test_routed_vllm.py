@@ -1,0 +1,121 @@
+"""The routed detector against REAL vLLM (the fixture model) and a local judge: each claim kind reaches
+the detector its route names, on the chat, Responses and Messages doors, in correct, detect and shadow.
+
+Routes here: counts to the generator's own samples (consistency), everything else to the judge. The
+fixture's planted error ("The circle is blue.") is an object claim, so the judge reads and corrects it;
+routed to the samples instead (a request's own routes), it passes, as the consistency detector's known
+limit says (tests/integration/test_consistency_vllm.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anthropic
+import pytest
+
+from faithproxy.testing import metric
+from faithproxy.tinyvlm import fixture_spec as spec
+from tests.integration import test_proxy_vllm as chat_door
+from tests.integration.test_doors_vllm import responses_input
+from tests.integration.test_proxy_vllm import Stack, request
+
+pytestmark = [pytest.mark.integration]
+
+stack = chat_door.stack
+ROUTED = {
+    "consistency_temperature": 0.05,
+    "consistency_samples": 4,
+    "routed_routes": "count=consistency,*=judge",
+    "default_detector": "routed",
+}
+HEADERS = {"X-Faithproxy-Detector": "routed"}
+
+
+def perception(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in summary["steps"] if s["kind"] == "perception"]
+
+
+def routes_taken(summary: dict[str, Any]) -> list[str]:
+    """The detector each perception step's first verdict came from (its reason: routed:<detector>:...)."""
+    return [s["reason"].split(":")[1] for s in perception(summary)]
+
+
+@pytest.mark.parametrize("stack_settings", [ROUTED])
+async def test_each_kind_reaches_its_detector_on_every_door(stack: Stack, stack_settings: Any) -> None:
+    chat = await stack.client.chat.completions.create(**request("red_circle", stack.model), extra_headers=HEADERS)
+    summary = chat.model_extra["faithfulness"]
+    assert routes_taken(summary) == ["consistency", "judge", "judge"]  # one circle; near the edge; blue
+    assert summary["unfaithful_detected"] == 1 and summary["residual"] == 0  # the judge corrected the planted step
+    assert chat.choices[0].message.content == spec.corrected_chain_text(spec.get("red_circle"))
+    assert chat.usage.completion_tokens > len(chat.choices[0].message.content.split())  # samples billed
+
+    # a request's own routes: everything to the samples, in detect mode on the Responses door
+    response = await stack.client.responses.create(
+        model=stack.model,
+        input=responses_input("red_circle"),
+        max_output_tokens=200,
+        temperature=0.0,
+        extra_headers=HEADERS | {"X-Faithproxy-Routes": "*=consistency", "X-Faithproxy-Mode": "detect"},
+    )
+    summary = response.model_extra["faithfulness"]
+    assert routes_taken(summary) == ["consistency"] * 3
+    assert summary["unfaithful_detected"] == 0  # the model's confident error: its samples repeat it
+
+    claude = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0)
+    image = spec.data_url("green_circle").split(",", 1)[1]
+    message = await claude.messages.create(
+        model=stack.model,
+        max_tokens=200,
+        extra_body={"temperature": 0.0},  # this SDK version takes no `temperature` argument
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image}},
+                    {"type": "text", "text": spec.get("green_circle").question},
+                ],
+            }
+        ],  # fmt: skip
+        extra_headers=HEADERS,
+    )
+    summary = message.model_extra["faithfulness"]
+    assert routes_taken(summary) == ["consistency", "judge", "judge"] and summary["unfaithful_detected"] == 0
+    await claude.close()
+
+    metrics = await stack.metrics()
+    assert metric(metrics, "faithproxy_steps_total", kind="perception", detector="routed") == 9
+    assert metric(metrics, "faithproxy_detector_errors_total", detector="routed") == 0
+
+
+@pytest.mark.parametrize("stack_settings", [ROUTED])
+async def test_bad_routes_are_refused_before_anything_is_sent(stack: Stack, stack_settings: Any) -> None:
+    import openai
+
+    for bad, match in (("count=judge", "x-faithproxy-routes"), ("*=probe", "not built: probe")):
+        with pytest.raises(openai.BadRequestError, match=match):
+            await stack.client.chat.completions.create(
+                **request("green_circle", stack.model), extra_headers=HEADERS | {"X-Faithproxy-Routes": bad}
+            )
+    metrics = await stack.metrics()
+    assert metric(metrics, "faithproxy_steps_total", kind="perception", detector="routed") == 0
+
+
+@pytest.mark.parametrize("stack_settings", [ROUTED | {"shadow_share": 1.0, "shadow_detector": "routed"}])
+async def test_a_shadow_check_routes_too(stack: Stack, stack_settings: Any) -> None:
+    """An off request, sampled for a shadow check: the client gets vLLM's chain untouched, and the check
+    afterwards finds the planted step through the judge's route."""
+    off = await stack.client.chat.completions.create(
+        **request("red_circle", stack.model), extra_headers={"X-Faithproxy-Mode": "off"}
+    )
+    assert off.choices[0].message.content == spec.chain_text(spec.get("red_circle"))
+    steps = 0.0
+    for _ in range(600):  # the check runs after the response, in the background: wait for its counts
+        metrics = await stack.metrics()
+        steps = metric(metrics, "faithproxy_perception_steps_total", source="shadow")
+        if steps >= 3:
+            break
+        await asyncio.sleep(0.1)
+    assert steps == 3
+    assert metric(metrics, "faithproxy_perception_steps_total", source="shadow", verdict="unfaithful") == 1
