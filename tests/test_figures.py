@@ -1,5 +1,5 @@
-"""Every published figure can be checked: README.md and docs/*.md name, for each measured number, the
-committed result file it comes from, and this test reads it there.
+"""Every published figure can be checked: README.md, docs/*.md, shapesworld/README.md and deploy/README.md
+name, for each measured number, the committed result file it comes from, and this test reads it there.
 
 A figure is a link whose target is a result file under benchmarks/results/ with a JSON pointer
 (RFC 6901; a space written %20) as its fragment, optionally followed by `*FACTOR`:
@@ -10,14 +10,33 @@ A figure is a link whose target is a result file under benchmarks/results/ with 
 
 Rounding: the number shown (the first in the link's text; `−` is a minus, thousands commas are dropped)
 must lie within half a unit of its last shown digit of the file's value times FACTOR: 0.018 stands for
-any value in [0.0175, 0.0185]. A verdict (`met`, `not met`) must be the file's boolean. Every verdict
-word on those pages is such a link, so no "goal met" is written by hand. A result file a figure names
+any value in [0.0175, 0.0185]. A verdict must be the file's boolean: `met`, `meets`, `reached`, "within /
+exceeds / passes the goal (target)" for true; `not met`, `not reached`, "misses / missed / fails the
+goal (target)" for false. Every verdict word on those pages is such a link, so no "goal met" is written
+by hand: `met`, `not met`, `meets`, `not reached`, "misses / missed" followed by the, its or it, and
+"within / exceeds / passes / fails / beats" followed by the or its and goal, target, bar or budget.
+
+A measured number is, in prose (outside fenced blocks, code spans, link targets and HTML comments), a
+decimal (0.62, −2.9, 1,234.5) or a number with a unit of time, share, ratio or size (µs, ms, s, %,
+× as a ratio but not in "3 × 3", pts, points, MiB, GiB, KiB, MB, GB); not part of a word, a path or a
+version (3.11 after "Python", 0.6.3), not a setting written as `name@0.3`, not a bound after ≥, ≤, <
+or >. Integers without a unit (counts, dates, ports, seeds, steps) are not measured numbers. Each
+measured number must be a figure link or stand in a generated table (below); otherwise the block it
+stands in (a paragraph, a table or a list: its lines up to the next blank line) carries the marker
+
+    <!-- unlinked: WHY -->
+
+saying why its numbers are not checked against a result file: a setting or a target, a run that kept
+no result file, a result file without provenance, a figure quoted from another source, or "not linked
+to a result file yet". The marker is invisible on the rendered page; the reader's cue is the figure's
+missing link. A result file a figure names
 records the command, the commit, the date and the machine it ran on (at its top level, or in its
 `provenance` block when those were reconstructed after the run); each commit it names is in this
 repository's history, and a commit marked `+dirty` (the tree had uncommitted changes) comes with a
-`dirty_reason`. A generated table (between
-`<!-- figures-table: PATH -->` and `<!-- figures-table: end -->`) is the one
-`faithproxy bench shapesworld --readme-table PATH` prints.
+`dirty_reason`. A generated table (between `<!-- figures-table: PATH -->` and
+`<!-- figures-table: end -->`) is the one `faithproxy bench shapesworld --readme-table PATH` prints; the
+README's development-seed table (between shapesworld_report's `README_MARKERS`) is checked against
+benchmarks/results/shapesworld-all.json by tests/benchmarks/evaluation/test_shapesworld_bench.py.
 """
 
 from __future__ import annotations
@@ -33,20 +52,39 @@ from urllib.parse import unquote
 
 import pytest
 
-from faithproxy.benchmarks.evaluation.shapesworld_report import readme_table
+from faithproxy.benchmarks.evaluation.shapesworld_report import readme_section, readme_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # Pages whose verdicts are not yet under the rule (their linked figures are still checked): none now.
 OTHERS: set[str] = set()
-FIGURE_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FIGURE_PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    REPO / "shapesworld" / "README.md",
+    REPO / "deploy" / "README.md",
+]
 PAGES = [page for page in FIGURE_PAGES if page.name not in OTHERS]
 
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 _CODE = re.compile(r"`[^`\n]+`")
 _FIGURE = re.compile(r"\[([^\]]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]*)\)")
 _NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
-_VERDICT_WORD = re.compile(r"\b(?:not met|met)\b")
+_GOAL = r"(?:goal|target|bar|budget)"
+_VERDICT_WORD = re.compile(
+    rf"\b(?:not met|met|meets|not reached|(?:misses|missed) (?:the|its|it)"
+    rf"|(?:within|exceeds|passes|fails|beats) (?:the|its) {_GOAL})\b"
+)
+_MET = re.compile(rf"(?:met|meets|reached|(?:within|exceeds|passes) (?:the|its) {_GOAL})")
+_NOT_MET = re.compile(rf"(?:not met|not reached|(?:misses|missed|fails) (?:the|its) {_GOAL})")
+_UNIT = r"(?:µs|ms|s|%|×(?!\s?\d)|pts|points|MiB|GiB|KiB|MB|GB)"
+_MEASURED = re.compile(
+    rf"(?<![\w.,@/#§~^=:'’-])[−+-]?(?:\d[\d,]*\.\d+(?:\s?{_UNIT})?|\d[\d,]*\s?{_UNIT})(?![\w.,]?\d|\w)"
+)
+_BOUND_OR_VERSION_BEFORE = re.compile(r"(?:[≥≤<>]|\b(?:Python|arXiv|version|vLLM|CUDA|Debian|RFC|PEP))\s?$")
+_MARKER = re.compile(r"<!-- unlinked: [^<>]*?\w[^<>]*?-->")
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_LINK_TARGET = re.compile(r"(?<=\])\([^)\s]*\)")
 _TABLE = re.compile(r"<!-- figures-table: (\S+) -->\n(.*?)<!-- figures-table: end -->", re.DOTALL)
 PROVENANCE = ("command", "commit", "date", "machine")
 _HASH = re.compile(r"\b[0-9a-f]{7,40}\b")
@@ -114,7 +152,8 @@ def mismatch(figure: Figure, value: Any) -> str | None:
     """Why the figure does not show the value (None when it does), by the rounding rule above."""
     text = figure.shown.replace("*", "").replace("`", "").strip()
     if isinstance(value, bool):
-        return None if text == ("met" if value else "not met") else f"shows {text!r}, the file says {value}"
+        right = (_MET if value else _NOT_MET).fullmatch(text)
+        return None if right else f"shows {text!r}, the file says {value}"
     number = _NUMBER.search(text)
     if number is None or not isinstance(value, int | float):
         return f"shows {text!r} for {value!r}: a number for a number, met / not met for a boolean"
@@ -180,6 +219,38 @@ def verdicts_by_hand(page: Path, text: str | None = None) -> list[str]:
     ]
 
 
+def _blank(text: str, spans: list[tuple[int, int]]) -> str:
+    for a, b in spans:
+        text = text[:a] + re.sub(r"[^\n]", " ", text[a:b]) + text[b:]
+    return text
+
+
+def unlinked_numbers(page: Path, text: str | None = None) -> list[str]:
+    """Measured numbers (module docstring) that are neither a figure link nor in a generated table, in
+    blocks that carry no `<!-- unlinked: WHY -->` marker."""
+    prose = _prose(page.read_text(encoding="utf-8") if text is None else text)
+    checked = [m.span(0) for m in _FIGURE.finditer(prose)] + [m.span(0) for m in _TABLE.finditer(prose)]
+    if (section := readme_section(prose)) is not None:
+        checked.append((prose.index(section), prose.index(section) + len(section)))
+    checked += [m.span(0) for m in _LINK_TARGET.finditer(prose)]
+    lines = zip(prose.split("\n"), _blank(prose, checked).split("\n"), strict=True)
+    out, block, marked = [], [], False
+    for number, (line, bare_line) in enumerate([*lines, ("", "")], 1):
+        if line.strip():
+            block.append((number, bare_line))
+            marked = marked or bool(_MARKER.search(line))
+            continue
+        for at, text_line in [] if marked else block:
+            bare = _COMMENT.sub(lambda m: " " * len(m.group(0)), text_line)
+            out += [
+                f"{page.relative_to(REPO)}:{at}: {m.group(0).strip()!r} in {text_line.strip()[:100]!r}"
+                for m in _MEASURED.finditer(bare)
+                if not _BOUND_OR_VERSION_BEFORE.search(bare[: m.start()])
+            ]
+        block, marked = [], False
+    return out
+
+
 ALL = [f for page in FIGURE_PAGES for f in figures(page)]
 
 
@@ -230,6 +301,14 @@ def test_each_result_files_commit_is_in_the_history_and_its_tree_was_clean() -> 
 def test_no_verdict_is_written_by_hand() -> None:
     by_hand = [line for page in PAGES for line in verdicts_by_hand(page)]
     assert not by_hand, "write each verdict as a link to the result's goals block:\n" + "\n".join(by_hand)
+
+
+def test_no_measured_number_is_left_unlinked() -> None:
+    unlinked = [line for page in PAGES for line in unlinked_numbers(page)]
+    assert not unlinked, (
+        "link each measured number to its result file, or mark its block `<!-- unlinked: WHY -->`:\n"
+        + "\n".join(unlinked)
+    )
 
 
 def test_each_generated_table_is_its_result_files() -> None:
@@ -300,3 +379,57 @@ def test_a_planted_stale_verdict_fails() -> None:
     (stale,) = figures(page, f"in `off` (target 60: [met]({goal}))\n")
     assert "the file says False" in (check(stale) or "")
     assert len(verdicts_by_hand(page, "in `off` (target 60: met)\n")) == 1
+
+
+# A planted page: what the stricter rule must report, and what it must let through.
+_RESULT = "benchmarks/results/shapesworld-all.json"
+_PLANTED = f"""# Planted
+
+The learned judge cuts residual UPR by 64% at accuracy [0.703]({_RESULT}#/detectors/judge:learned/corrected/accuracy).
+Its accuracy is [0.750]({_RESULT}#/detectors/judge:learned/corrected/accuracy), and the cascade meets the
+target; `judge:learned@0.3` misses the goal; the cascade's goal is [met]({_RESULT}#/goals/cascade/met).
+
+The pixel judge took 1.8× the wall of vanilla. <!-- unlinked: a planted reading no file holds -->
+Python 3.11, `0.62` in code, threshold ≥ 0.6, `judge:learned@0.3`, a 3 × 3 grid, 12 chains.
+
+```
+a fenced 0.5 s
+```
+"""
+
+
+def test_a_planted_page_reports_each_unlinked_number_verdict_and_stale_figure() -> None:
+    page = REPO / "README.md"  # the links in the planted text are relative to the repository's root
+    unlinked = unlinked_numbers(page, _PLANTED)
+    assert [line.split(": ", 1)[1].split(" in ")[0] for line in unlinked] == ["'64%'"]
+    assert unlinked[0].startswith("README.md:3:")
+    by_hand = verdicts_by_hand(page, _PLANTED)
+    assert [line.split(": ", 1)[1] for line in by_hand] == ["'meets'", "'misses the'"]
+    problems = {f.shown: check(f) for f in figures(page, _PLANTED)}
+    assert problems["0.703"] is None
+    assert "the file's value is" in (problems["0.750"] or "")
+    assert "the file says False" in (problems["met"] or "")
+
+
+@pytest.mark.parametrize(
+    ("shown", "value", "ok"),
+    [
+        ("meets", True, True),
+        ("within the goal", True, True),
+        ("passes the target", True, True),
+        ("exceeds the goal", True, True),
+        ("not reached", False, True),
+        ("misses the goal", False, True),
+        ("misses the goal", True, False),
+        ("meets", False, False),
+    ],
+)
+def test_each_verdict_word_is_read_as_the_files_boolean(shown: str, value: bool, ok: bool) -> None:
+    assert (mismatch(_figure(shown), value) is None) is ok
+
+
+def test_an_unmarked_block_fails_and_a_marker_covers_only_its_own_block() -> None:
+    page = REPO / "docs" / "planted.md"
+    text = "First 0.25 s.\n<!-- unlinked: a setting -->\nStill 0.5 s.\n\nThen 40 µs and 1,234.5.\n"
+    assert [u.split(": ", 1)[1].split(" in ")[0] for u in unlinked_numbers(page, text)] == ["'40 µs'", "'1,234.5'"]
+    assert unlinked_numbers(page, "A bare <!-- unlinked: --> marker: 5 ms.\n"), "a marker must say why"
