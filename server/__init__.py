@@ -9,6 +9,7 @@
     runtime/      the process: uvicorn, workers, supervisor, heap trim, the last-resort 500
     chain/        the async driver that runs faithcore's correction machine over one upstream stream
     doors/        the routes: the four model doors (off mode included), reports, pages, ops
+    shadow/       the shadow check: sampled off requests verified after the fact, in the background
     app.py        create_app: the rooms put together
     cli.py        `faithproxy serve`, `segment`, `detectors`, `report`
 """

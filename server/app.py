@@ -32,7 +32,6 @@ from faithproxy.server.doors import ops_router, pages_router, reports_router
 from faithproxy.server.doors.off import OffModeMiddleware
 from faithproxy.server.doors.routes import door_routes
 from faithproxy.server.doors.schema import install_openapi
-from faithproxy.server.doors.shadow import ShadowChecker
 from faithproxy.server.doors.table import DOORS
 from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.observe.otel import Telemetry, TracingMiddleware
@@ -46,6 +45,7 @@ from faithproxy.server.runtime.heap_trim import HeapTrimmer, fix_mmap_threshold
 from faithproxy.server.runtime.internal_errors import InternalErrorMiddleware
 from faithproxy.server.runtime.workers import worker_exit
 from faithproxy.server.settings import Settings, get_settings
+from faithproxy.server.shadow.checker import ShadowChecker
 from faithproxy.server.state import AppState
 
 log = logging.getLogger("faithproxy")

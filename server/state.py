@@ -40,7 +40,7 @@ class AppState:
     # The policy per API key in force (FAITHPROXY_POLICY_FILE); None without a policy file.
     doors: DoorTable = field(default_factory=lambda: DoorTable(()))  # create_app's (server/doors/table.py)
     key_policies: Any = None  # server.key_policy.KeyPolicies
-    # Checks sampled off requests after the fact (server/doors/shadow.py's ShadowChecker); None: no sampling.
+    # Checks sampled off requests after the fact (server/shadow/checker.py's ShadowChecker); None: no sampling.
     shadow: Any = None
 
     def judge_fetches_images(self, judge: str | None) -> bool:

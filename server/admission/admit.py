@@ -59,7 +59,7 @@ class Admitted:
     # The client's body as its door's API has it, where `body` is its translation to chat (the Responses
     # and Messages doors in a verified mode); else `body` itself.
     request: dict[str, Any] | None = None
-    shadow: bool = False  # an off-mode request sampled to be checked after the fact (server/doors/shadow.py)
+    shadow: bool = False  # an off-mode request sampled to be checked after the fact (server/shadow/checker.py)
 
     @property
     def stream(self) -> bool:
@@ -128,7 +128,7 @@ async def admit(
         key_policy=key_policy,
         endpoint=door.path,
         request=request,
-        # sampled for a shadow check (server/doors/shadow.py): an off request, at its key's share
+        # sampled for a shadow check (server/shadow/checker.py): an off request, at its key's share
         shadow=policy.mode == "off" and share > 0.0 and random.random() < share,
     )
 

@@ -10,7 +10,7 @@
         retries: {min: 1, max: 5}
         max_judge_budget: 20000
         hints: false
-        shadow_share: 0.05          # of its off-mode requests, checked after the fact (server/doors/shadow.py)
+        shadow_share: 0.05          # of its off-mode requests, checked after the fact (server/shadow/checker.py)
 
 Each field limits what a request may ask for; an absent field allows what the server allows. The keys
 of the file are valid API keys beside FAITHPROXY_API_KEYS (server/admission/auth.py asks `KeyPolicies.valid`),

@@ -1,7 +1,9 @@
 """One request's chain of thought: the async driver (session.py) that reads the upstream stream
 (reader.py), feeds faithcore's correction machine and carries out its actions (check a step, regenerate,
-continue), the judge's bill, the hint stage, and router affinity for continuation rounds.
+continue), the one detector call that answers a check and the machine's rules for a request (verify.py,
+which the shadow check shares), the judge's bill, the hint stage, and router affinity for continuation
+rounds.
 
-Owns: session.py, reader.py, judge_bill.py, hints.py, affinity.py. May import: settings, protocol,
+Owns: session.py, reader.py, verify.py, judge_bill.py, hints.py, affinity.py. May import: settings, protocol,
 observe, state, admission, runtime.
 """

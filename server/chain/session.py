@@ -27,7 +27,6 @@ from typing import Any
 
 from faithproxy.clients.vllm import CHAT_PATH, VLLMClient
 from faithproxy.detectors.base import Detector
-from faithproxy.detectors.features import read_step_features
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.correction import (
     WAIT,
@@ -46,18 +45,18 @@ from faithproxy.faithcore.correction import (
     Regenerated,
     RegenerationNote,
     ResumeOutcome,
-    Rules,
     StartRound,
     new_machine,
 )
 from faithproxy.faithcore.correction.wire import ChatChunkReader
-from faithproxy.faithcore.errors import DetectorError, RegenerationError
-from faithproxy.faithcore.reasoning_formats import ReasoningFormat, get_format
+from faithproxy.faithcore.errors import RegenerationError
+from faithproxy.faithcore.reasoning_formats import ReasoningFormat
 from faithproxy.faithcore.types import Channel, Step
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.admission.policy import RequestPolicy
 from faithproxy.server.chain.reader import RoundReader
-from faithproxy.server.observe.metrics import Metrics, detector_error_label
+from faithproxy.server.chain.verify import chain_rules, reasoning_format_of, verify
+from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.observe.step_metrics import count_step
 from faithproxy.server.settings import Settings
 
@@ -128,35 +127,11 @@ class ChainSession:
         self.hide_reasoning = self.body.get("include_reasoning") is False
         if self.view.reasoning_format is None:
             # the view carries it so that hidden-state captures render the chain with the model's markers
-            reasoning_format = self.wire.reasoning_format(self._reasoning_format())
+            reasoning_format = reasoning_format_of(self.settings, self.policy, self.wire.reasoning_format)
             self.view = dataclasses.replace(self.view, reasoning_format=reasoning_format)
         self.reasoning_format = self.view.reasoning_format
-        self.core = new_machine(self.rules(self.reasoning_format))
-
-    def _reasoning_format(self) -> ReasoningFormat:
-        """Where the model writes its thinking: the request's header, else the server's setting."""
-        settings = self.settings
-        name = self.policy.reasoning_format or settings.reasoning_format
-        return get_format(name, settings.think_open_tag, settings.think_close_tag)
-
-    def rules(self, reasoning_format: ReasoningFormat) -> Rules:
-        """The machine's rules for this request, from the policy, the settings and the detector."""
-        limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
-        return Rules(
-            mode="detect" if self.policy.mode == "detect" else "correct",
-            detector=self.policy.detector,
-            max_retries=self.policy.max_retries,
-            max_regenerations=self.settings.max_regenerations_per_request,
-            max_batch_steps=self.settings.max_batch_steps,
-            on_detector_error=self.policy.on_detector_error,
-            detector_gives_verdicts=self.detector.gives_verdicts,
-            detector_types_steps=self.detector.types_steps,
-            gate_without_perception=not self.settings.judge_every_step,
-            completion_budget=limit if isinstance(limit, int) else None,
-            reasoning_format=reasoning_format,
-            sequential=self.settings.sequential_checks,
-            resume_attempts=self.settings.upstream_resume_attempts,
-        )
+        rules = chain_rules(self.settings, self.policy, self.detector, self.body, self.reasoning_format)
+        self.core = new_machine(rules)
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -286,37 +261,19 @@ class ChainSession:
             self._wake()
 
     async def _verify(self, check: Check) -> Checked:
-        """The detector's verdicts; the trace's hidden-state features are read beside them when the
-        server records features and the detector does not read its own (new steps only, not rewrites)."""
-        view = self.view.with_accepted(check.accepted)
-        if check.candidate:
-            view = dataclasses.replace(view, rewrite=True)
-        if self.hidden_states is None or self.detector.reads_hidden_states or check.candidate:
-            return await self._check(view, check)
-        checked, features = await asyncio.gather(
-            self._check(view, check), read_step_features(self.hidden_states, view, check.steps)
+        """`verify` (server/chain/verify.py) with this request's view, detector, metrics and features."""
+        return await verify(
+            check,
+            self.view,
+            self.detector,
+            name=self.policy.detector,
+            metrics=self.metrics,
+            hidden_states=self.hidden_states,
+            timed=self._waited,
         )
-        return Checked(checked.verdicts, checked.error, checked.usage, features)
 
-    async def _check(self, view: RequestView, check: Check) -> Checked:
-        """One detector call; a DetectorError is its result (counted here, judged by the machine)."""
-        name = self.policy.detector
-        started = time.perf_counter()
-        try:
-            result = await self.detector.check(view, check.steps)
-            if len(result.verdicts) != len(check.steps):
-                raise DetectorError(
-                    f"detector {name} returned {len(result.verdicts)} verdicts for {len(check.steps)} steps"
-                )
-            return Checked(list(result.verdicts), usage=result.usage, features=result.features)
-        except DetectorError as exc:
-            self.metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
-            return Checked(error=exc)
-        finally:
-            elapsed = time.perf_counter() - started
-            self.verification_s += elapsed
-            self.metrics.detector_latency.labels(name).observe(elapsed)
-            self.metrics.detector_batch.labels(name).observe(len(check.steps))
+    def _waited(self, seconds: float) -> None:
+        self.verification_s += seconds
 
     async def _regenerate(self, action: Regenerate) -> Regenerated:
         started = time.perf_counter()

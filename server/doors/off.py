@@ -17,7 +17,7 @@ its door's last event (`data: [DONE]`; Responses: a terminal `response.*` event;
 gets a final error frame in the door's format; an upstream that cannot be reached is an HTTP error in
 the door's format. Each request is counted and traced once, like any other, by server/observe/traces.py's
 `finish_request` (a record with no session). A request sampled for a shadow check (`Admitted.shadow`)
-keeps a reference to each chunk it sends and, once finished, is handed to server/doors/shadow.py, which
+keeps a reference to each chunk it sends and, once finished, is handed to server/shadow/checker.py, which
 checks it later without the client waiting for anything.
 """
 
@@ -73,7 +73,7 @@ class Passthrough(Response):
         self.status = 200
         self._finished = False
         self.background = None
-        # a request sampled for a shadow check keeps references to what it sends (server/doors/shadow.py)
+        # a request sampled for a shadow check keeps references to what it sends (server/shadow/checker.py)
         self.capture = state.shadow.capture_for(admitted) if admitted.shadow and state.shadow is not None else None
 
     def _headers(self, upstream_headers: dict[str, str] | None) -> list[tuple[bytes, bytes]]:

@@ -318,28 +318,15 @@ class ChatServing:
 
     def _report(self, trace: RequestTrace) -> dict[str, Any]:
         """What GET /v1/faithfulness/{request_id} returns for this request (server/observe/reports.py)."""
-        assert self.session is not None and trace.summary is not None
+        assert self.session is not None
         keep_images = self.state.settings.reports_keep_images
         return report(
-            request_id=self.request_id,
-            created=self.started_wall,
-            model=self.body.get("model"),
-            stream=self.stream,
-            judge=self.policy.judge,
-            summary=trace.summary,
-            texts=[(step.text, step.channel.value) for step in self.session.steps],
+            trace,
             outcome="disconnected" if self.disconnected else "failed" if self.error is not None else "completed",
-            error=trace.error_record,
-            question=trace.question,
-            timings=trace.timings(),
             images=[
                 {"sha256": i.sha256, **({"data_url": i.url} if keep_images and i.is_data_url else {})}
                 for i in self.session.view.images
             ],
-            explained=[
-                (s.first_verdict.reason if s.first_verdict else None, list(s.rejected)) for s in self.session.steps
-            ],
-            key=self.admitted.key_policy,  # the policy's name, for GET /reports?key=
         )
 
     def _trace(self, status: int) -> RequestTrace:

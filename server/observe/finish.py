@@ -30,7 +30,7 @@ def finish_request(trace: RequestTrace, metrics: Metrics, tracer: TraceWriter) -
     status_class = "disconnected" if trace.disconnected else f"{status // 100}xx"
     metrics.requests.labels(mode, admitted.policy.detector, status_class, admitted.endpoint).inc()
     metrics.request_duration.labels(mode, "true" if admitted.stream else "false", admitted.endpoint).observe(duration)
-    if mode == "off":  # a sampled one is counted by its shadow check's outcome (server/doors/shadow.py)
+    if mode == "off":  # a sampled one is counted by its shadow check's outcome (server/shadow/checker.py)
         if not getattr(admitted, "shadow", False):
             model = metrics.model_label(admitted.body.get("model"))
             metrics.shadow_requests.labels(model, admitted.endpoint, ShadowOutcome.NOT_SAMPLED).inc()

@@ -77,7 +77,7 @@ JUDGE_TOKEN_KINDS = {
 
 class Source(StrEnum):
     """Where a perception step's verdict came from: `inline`, checked while it was served (correct,
-    detect); `shadow`, checked after an off-mode request ended (server/doors/shadow.py)."""
+    detect); `shadow`, checked after an off-mode request ended (server/shadow/checker.py)."""
 
     INLINE = "inline"
     SHADOW = "shadow"

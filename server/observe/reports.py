@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from faithproxy.faithcore.errors import FaithproxyError
+from faithproxy.server.observe.traces import RequestTrace
 
 OBJECT = "faithfulness.report"
 
@@ -175,50 +176,42 @@ class SharedReportStore(LocalStore):
 
 
 def report(
-    *,
-    request_id: str,
-    created: float,
-    model: Any,
-    stream: bool,
-    judge: str | None,
-    summary: dict[str, Any],
-    texts: list[tuple[str, str]],
-    outcome: str,
-    error: dict[str, Any] | None,
-    question: str | None = None,
-    timings: dict[str, Any] | None = None,
-    explained: list[tuple[str | None, list[str]]] | None = None,
-    images: list[dict[str, str]] | None = None,
-    source: str = "inline",
-    key: str | None = None,
+    trace: RequestTrace, *, outcome: str = "completed", images: list[dict[str, str]] | None = None
 ) -> dict[str, Any]:
-    """The report of one request: the `faithfulness` summary a client would have got in the response,
-    each step with its text and channel (the stream carried those beside the annotation), how the
-    request ended (`completed`, `failed`, `disconnected`) and its error, if any; for a reader (the
-    report page, server/observe/report_page.py) the question, the timings, per step the detector's reason and the
-    rewrites rejected (`explained`, in step order), and the images: their sha256, and their data URL when
-    the server keeps images (FAITHPROXY_REPORTS_KEEP_IMAGES); `source`, inline (checked as served) or
-    shadow (an off request checked afterwards, server/doors/shadow.py); `key`, the name of the API key's
-    policy (never the key), when the caller gave it."""
+    """The report of one finished request, read off its trace (whose `summary` is set): the `faithfulness`
+    summary a client would have got in the response, each step with its text and channel (the stream
+    carried those beside the annotation), how the request ended (`outcome`: `completed`, `failed`,
+    `disconnected`) and its error, if any; for a reader (the report page, server/observe/report_page.py)
+    the question, the timings, per step the detector's reason and the rewrites rejected, and the images:
+    their sha256 (`images`: with their data URLs, when the server keeps images:
+    FAITHPROXY_REPORTS_KEEP_IMAGES); the trace's `source`, inline (checked as served) or shadow (an off
+    request checked afterwards, server/shadow/checker.py); `key`, the name of the API key's policy (never
+    the key). The doors' serving (server/doors/serving.py) and the shadow check both report through here."""
+    admitted, summary = trace.admitted, trace.summary
+    assert summary is not None
     steps = [
-        {**annotation, "text": text, "channel": channel}
-        for annotation, (text, channel) in zip(summary.get("steps", []), texts, strict=False)
+        {
+            **annotation,
+            "text": step.text,
+            "channel": step.channel.value,
+            "reason": step.first_verdict.reason if step.first_verdict else None,
+            "rejected": list(step.rejected),
+        }
+        for annotation, step in zip(summary.get("steps", []), trace.steps, strict=False)
     ]
-    for step, (reason, rejected) in zip(steps, explained or [], strict=False):
-        step["reason"], step["rejected"] = reason, rejected
     return {
-        "id": request_id,
+        "id": admitted.request_id,
         "object": OBJECT,
-        "created": int(created),
-        "model": model,
-        "stream": stream,
-        "judge": judge,
+        "created": int(admitted.started_wall),
+        "model": admitted.body.get("model"),
+        "stream": admitted.stream,
+        "judge": admitted.policy.judge,
         "outcome": outcome,
-        "source": source,
-        "key": key,
-        "error": error,
-        "question": question,
-        "timings": timings or {},
-        "images": images or [],
+        "source": trace.source,
+        "key": admitted.key_policy,
+        "error": trace.error_record,
+        "question": trace.question,
+        "timings": trace.timings(),
+        "images": [{"sha256": sha256} for sha256 in trace.image_hashes] if images is None else images,
         "faithfulness": {**summary, "steps": steps},
     }

@@ -2,7 +2,7 @@
 `RequestTrace`, how one request ended (server/observe/finish.py counts it and writes its record).
 
 Schema version 1 (fields): version, id, time (unix seconds, start), model, mode, source (inline; shadow: the
-after-the-fact check of an off request, server/doors/shadow.py, written as a second record under the
+after-the-fact check of an off request, server/shadow/checker.py, written as a second record under the
 request's id, with mode off and the checked steps), detector, judge,
 prompt (the last user message's text), images (sha256 list, never the bytes), steps (index, channel,
 kind, text, original_text, verdict, the detector's reason, attempts, rejected candidates, residual, unchecked_reason,
@@ -112,7 +112,7 @@ class RequestTrace:
     judge_usage: dict[str, Any] | None = None
     verification_s: float = 0.0
     # inline: the record of a request as served; shadow: the after-the-fact check of an off request
-    # (server/doors/shadow.py), a second record under the same id
+    # (server/shadow/checker.py), a second record under the same id
     source: str = "inline"
 
     @property

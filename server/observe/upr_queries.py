@@ -5,7 +5,7 @@ holds them equal, and checks the arithmetic with promtool against `wilson` below
 
 faithproxy_perception_steps_total{source, model, endpoint, verdict} counts each checked perception step
 once, by the verdict its original text got: source="inline" for correct/detect requests, "shadow" for off
-requests checked after the fact (server/doors/shadow.py). Over a window, x = unfaithful steps and n = all
+requests checked after the fact (server/shadow/checker.py). Over a window, x = unfaithful steps and n = all
 perception steps (unchecked ones included, as in the detected UPR of server/observe/metrics.py):
 
     UPR = x / n

@@ -1,4 +1,4 @@
-"""Shadow checks (server/doors/shadow.py): sampled off requests verified after the fact.
+"""Shadow checks (server/shadow/checker.py): sampled off requests verified after the fact.
 
 The proxy runs in process on 127.0.0.1 with the fake vLLM and the stand-in judge server (which calls the
 first sentence of the fake's chain unfaithful). What is checked: the client of a sampled request gets
@@ -24,8 +24,8 @@ from faithproxy.clients.judges import JudgeConfig
 from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.correction import Delta, RoundEnd
 from faithproxy.server.app import create_app
-from faithproxy.server.doors.shadow import READABLE_OFF_PATHS, ShadowCapture, TokenBucket
-from faithproxy.server.doors.shadow_wires import WIRES
+from faithproxy.server.shadow.checker import READABLE_OFF_PATHS, ShadowCapture, TokenBucket
+from faithproxy.server.shadow.wires import WIRES
 from faithproxy.server.settings import Settings
 from faithproxy.testing import SENTENCES, FakeUpstream, metric, running_app
 from faithproxy.tinyvlm.processes import free_port

@@ -1,4 +1,4 @@
-"""The shadow replay (server/doors/shadow.py `replay`) drives detect mode's own machine, without asyncio's timing.
+"""The shadow replay (server/shadow/checker.py `replay`) drives detect mode's own machine, without asyncio's timing.
 
 A judge names only the first unfaithful step of the steps it is asked about and leaves the ones after it
 unknown (detectors/judge.py). The chain below has two unfaithful perception steps, the second after the
@@ -26,8 +26,8 @@ from faithproxy.faithcore.correction import (
     new_machine,
 )
 from faithproxy.faithcore.types import Faithfulness, Verdict
-from faithproxy.server.doors.shadow import replay
-from faithproxy.server.doors.shadow_wires import WIRES, pieces
+from faithproxy.server.shadow.checker import replay
+from faithproxy.server.shadow.wires import WIRES, pieces
 from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
 
 CHAIN = [

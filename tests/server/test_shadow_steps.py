@@ -1,4 +1,4 @@
-"""Shadow checks count each perception step as detect mode does, door by door (server/doors/shadow.py).
+"""Shadow checks count each perception step as detect mode does, door by door (server/shadow/checker.py).
 
 The chain has two unfaithful perception steps, the second after the first flag. The reference is detect
 mode on the same door and the same chain, each step checked on its own (max_batch_steps=1: live detect

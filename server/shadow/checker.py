@@ -6,10 +6,11 @@ server/admission/admit.py sets `Admitted.shadow`). Off mode (server/doors/off.py
 other: the client's bytes go to vLLM and vLLM's bytes come back, unchanged and unwaited; the only extra
 is a reference to each chunk it sent, kept (up to FAITHPROXY_SHADOW_MAX_BYTES) in a `ShadowCapture`.
 When the response has ended, `ShadowChecker.submit` takes the capture without waiting for anything, and a
-worker later reads it in its door's wire (server/doors/shadow_wires.py: chat, completions, Responses,
-Messages) and replays it into detect mode's own machine (a DetectMachine, built by a ChainSession with
-detect mode's rules for that door) through the machine's public interface: the round's events go in one
-word at a time, and every check the machine asks for is answered before the next word is read (`replay`).
+worker later reads it in its door's wire (server/shadow/wires.py: chat, completions, Responses, Messages)
+and replays it into detect mode's own machine (a DetectMachine, built from detect mode's rules for that
+door: server/chain/verify.py `chain_rules`) through the machine's public interface: the round's events go
+in one word at a time, and every check the machine asks for is answered, by detect mode's own `verify`,
+before the next word is read (`replay`).
 So each step is checked as live detect mode checks it when the judge keeps up with decoding: on its own,
 with the steps before it as context, a second unfaithful step after a flag included. Only detectors that
 need nothing from the live stream make sense here (judge, prompt: FAITHPROXY_SHADOW_DETECTOR).
@@ -39,11 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from faithproxy.clients.vllm import CHAT_PATH, COMPLETIONS_PATH
 from faithproxy.faithcore.context import JudgeUsage, RequestView
-from faithproxy.faithcore.errors import DetectorError
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.admission.admit import Admitted
 from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
-from faithproxy.server.observe.metrics import ShadowOutcome, Source, detector_error_label
+from faithproxy.server.observe.metrics import ShadowOutcome, Source
 from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.step_metrics import perception_verdicts
 from faithproxy.server.observe.summary import summarize
@@ -51,12 +51,11 @@ from faithproxy.server.observe.traces import RequestTrace
 from faithproxy.server.state import AppState
 
 if TYPE_CHECKING:  # the machine brings its segmenter (nltk): loaded with the first check, not here
-    from faithproxy.detectors.base import Detector
     from faithproxy.faithcore.correction import ChainMachine, Check, Checked, Event
 
 log = logging.getLogger("faithproxy.shadow")
 
-# The vLLM endpoints whose wire a check reads (server/doors/shadow_wires.py WIRES): a sampled request of a
+# The vLLM endpoints whose wire a check reads (server/shadow/wires.py WIRES): a sampled request of a
 # door that forwards elsewhere keeps no capture and is counted unreadable.
 READABLE_OFF_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH})
 # Events a replay reads between two turns of the event loop (about a millisecond of the machine's work): the
@@ -217,11 +216,11 @@ class ShadowChecker:
 
     async def _check(self, item: _Sampled) -> ShadowOutcome:
         # Loaded with the first check, not with this module: app.py imports the checker into every
-        # server, and the driver brings the machine and its segmenter (nltk), which a server that only
-        # passes requests through never needs (38 MiB of idle RSS in the overhead benchmark).
-        from faithproxy.faithcore.correction import DetectMachine
-        from faithproxy.server.chain.session import ChainSession
-        from faithproxy.server.doors.shadow_wires import WIRES, pieces
+        # server, and the machine brings its segmenter (nltk), which a server that only passes requests
+        # through never needs (38 MiB of idle RSS in the overhead benchmark).
+        from faithproxy.faithcore.correction import new_machine
+        from faithproxy.server.chain.verify import chain_rules, reasoning_format_of, verify
+        from faithproxy.server.shadow.wires import WIRES, pieces
 
         state, admitted = self.state, item.admitted
         detector = state.detectors.get(self.detector)
@@ -231,7 +230,7 @@ class ShadowChecker:
         wire = WIRES.get(door.off_path) if door is not None else None
         request = wire.request(door, admitted.body) if wire is not None and door is not None else None
         events = wire.events(item.capture.data(), admitted.stream) if wire is not None and request else None
-        item.capture = ShadowCapture(0)  # the bytes are no longer needed
+        item.capture = ShadowCapture(0)  # the bytes are not needed past here
         if request is None or not events:
             return ShadowOutcome.UNREADABLE
         assert door is not None
@@ -242,6 +241,9 @@ class ShadowChecker:
         if detector.uses_judge and state.judge_fetches_images(policy.judge):
             assert state.image_fetcher is not None
             images = await state.image_fetcher.fetch_all(images)
+        # As the door's detect mode would see it: the reasoning format of the door's round wire, and the
+        # rules (batch size, gate) detect mode runs under there.
+        reasoning_format = reasoning_format_of(state.settings, policy, door.serving_class().wire.reasoning_format)
         view = RequestView(
             request_id=admitted.request_id,
             model=admitted.body["model"],
@@ -250,26 +252,12 @@ class ShadowChecker:
             images=images,
             judge=policy.judge,
             options=policy.detector_options(),
+            reasoning_format=reasoning_format,
         )
         spent = JudgeUsage()
         view.judge_state.on_call = functools.partial(self._on_judge_call, spent, admitted.key_policy)
-        # Built as the door's detect mode builds it: the rules (batch size, gate, reasoning format of the
-        # door's wire) and the view its detectors read; its machine is driven here, not by session.run().
-        session = ChainSession(
-            settings=state.settings,
-            policy=policy,
-            view=view,
-            generator=None,  # type: ignore[arg-type]  # no round is run: the recorded one is replayed
-            detector=detector,
-            regenerator=state.regenerator,
-            metrics=state.metrics,
-            body=request.body,
-            model_label=item.model,
-            wire=door.serving_class().wire,
-        )
-        machine = session.core
-        assert isinstance(machine, DetectMachine)
-        check = functools.partial(self._verify, detector, session.view)
+        machine = new_machine(chain_rules(state.settings, policy, detector, request.body, reasoning_format))
+        check = functools.partial(verify, view=view, detector=detector, name=self.detector, metrics=state.metrics)
         error = None
         try:
             await replay(machine, pieces(events), check)
@@ -293,26 +281,6 @@ class ShadowChecker:
         )
         self._record(admitted, view, steps, summary, elapsed)
         return ShadowOutcome.FAILED if error is not None else ShadowOutcome.CHECKED
-
-    async def _verify(self, detector: Detector, view: RequestView, check: Check) -> Checked:
-        """One detector call for the machine's Check, counted as detect mode counts it (latency, batch size,
-        errors); a DetectorError is its result, which the machine judges under on-detector-error."""
-        from faithproxy.faithcore.correction import Checked
-
-        metrics, name = self.state.metrics, self.detector
-        started = time.perf_counter()
-        try:
-            result = await detector.check(view.with_accepted(check.accepted), check.steps)
-            if len(result.verdicts) != len(check.steps):
-                got = len(result.verdicts)
-                raise DetectorError(f"detector {name} returned {got} verdicts for {len(check.steps)} steps")
-            return Checked(list(result.verdicts), usage=result.usage, features=result.features)
-        except DetectorError as exc:
-            metrics.detector_errors.labels(name, detector_error_label(exc)).inc()
-            return Checked(error=exc)
-        finally:
-            metrics.detector_latency.labels(name).observe(time.perf_counter() - started)
-            metrics.detector_batch.labels(name).observe(len(check.steps))
 
     def _on_judge_call(self, spent: JudgeUsage, policy: str, judge: str, call: JudgeUsage) -> None:
         spent.add(call)
@@ -339,26 +307,7 @@ class ShadowChecker:
             except OSError:
                 log.exception("could not write the shadow trace of %s", admitted.request_id)
         if state.reports is not None:
-            state.reports.put(
-                admitted.request_id,
-                report(
-                    request_id=admitted.request_id,
-                    created=admitted.started_wall,
-                    model=admitted.body.get("model"),
-                    stream=admitted.stream,
-                    judge=admitted.policy.judge,
-                    summary=summary,
-                    texts=[(s.text, s.channel.value) for s in steps],
-                    outcome="completed",
-                    error=None,
-                    question=view.question,
-                    timings=trace.timings(),
-                    explained=[(s.first_verdict.reason if s.first_verdict else None, list(s.rejected)) for s in steps],
-                    images=[{"sha256": i.sha256} for i in view.images],
-                    source=Source.SHADOW,
-                    key=admitted.key_policy,
-                ),
-            )
+            state.reports.put(admitted.request_id, report(trace))
 
     async def drained(self) -> None:
         """Returns once no check waits or runs (tests, benchmarks: the checks of what was sent are done)."""
