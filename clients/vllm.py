@@ -31,7 +31,7 @@ from faithproxy.faithcore.errors import UpstreamError, UpstreamErrorCode, Upstre
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 # The request's routing key, (header, value), set by the server for the request being served
-# (server/chain/affinity.py): every chat call made in that context carries it, so a consistent-hash router
+# (server/admission/affinity.py): every chat call made in that context carries it, so a consistent-hash router
 # sends all the calls of one request to one replica. None: no header.
 ROUTING_KEY: ContextVar[tuple[str, str] | None] = ContextVar("faithproxy_routing_key", default=None)
 

@@ -30,7 +30,7 @@ them into an OpenAI-format error body (or a final SSE error frame once the strea
 The `code` of an UpstreamError and of a DetectorError is a member of `UpstreamErrorCode` and
 `DetectorErrorCode`: the metrics label their error counters with exactly these sets (server/observe/metrics.py
 builds its label tuples from the enums), so a new reason cannot be raised without also being counted.
-A StrEnum member is its string: error bodies and traces carry the same `code` strings as before.
+A StrEnum member is its string: error bodies and traces carry the member's `code` string.
 """
 
 from __future__ import annotations

@@ -207,8 +207,8 @@ class StepSegmenter:
         self._at_text_start = True  # nothing emitted since construction or the last flush
         # Whether the buffer, from where Punkt and the block-end scan still have something to decide,
         # holds a character a step end needs (`_TagRules.may_cut`). Without one no cut is possible, so
-        # most deltas (the words inside a sentence) skip Punkt altogether; with one, every feed decides
-        # as before (a pending period still waits for the next word).
+        # most deltas (the words inside a sentence) skip Punkt altogether; with one, every feed runs the
+        # full decision (a pending period still waits for the next word).
         self._may_cut = False
 
     def feed(self, text: str) -> list[Segment]:

@@ -22,12 +22,12 @@ from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.registry import DetectorDeps, build_detectors
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
 from faithproxy.regenerators.registry import build_regenerator
+from faithproxy.server.admission.affinity import RoutingKeyMiddleware
 from faithproxy.server.admission.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddleware
 from faithproxy.server.admission.connections import STATE_KEY as CONNECTIONS_STATE
 from faithproxy.server.admission.connections import connection_rules
 from faithproxy.server.admission.key_policy import KeyPolicies
 from faithproxy.server.admission.limits import ConcurrencyLimitMiddleware, RequestSizeMiddleware
-from faithproxy.server.chain.affinity import RoutingKeyMiddleware
 from faithproxy.server.doors import ops_router, pages_router, reports_router
 from faithproxy.server.doors.off import OffModeMiddleware
 from faithproxy.server.doors.routes import door_routes

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends, Request
 
@@ -16,6 +16,30 @@ from faithproxy.server.observe.reports import Reports
 from faithproxy.server.observe.traces import TraceWriter
 from faithproxy.server.protocol.doors import DoorTable
 from faithproxy.server.settings import Settings
+
+if TYPE_CHECKING:
+    from faithproxy.clients.hidden_states import HiddenStatesClient
+    from faithproxy.clients.judge_base import JudgeBackend
+    from faithproxy.server.admission.admit import Admitted
+    from faithproxy.server.admission.key_policy import KeyPolicies
+
+
+class Capture(Protocol):
+    """The bytes a sampled off response sent, kept by off mode (server/doors/off.py) for its shadow check."""
+
+    @property
+    def overflow(self) -> bool: ...  # past its size limit: abandoned, nothing kept
+    def add(self, data: bytes) -> None: ...
+    def data(self) -> bytes: ...
+
+
+class ShadowSampler(Protocol):
+    """What off mode hands a sampled request to: server/shadow/checker.py's ShadowChecker, in a room above
+    this one (it reads this state), built in the lifespan."""
+
+    def capture_for(self, admitted: Admitted) -> Capture | None: ...  # None: nothing a check could read
+    def submit(self, admitted: Admitted, capture: Capture | None, *, complete: bool) -> None: ...
+    async def aclose(self) -> None: ...
 
 
 @dataclass
@@ -32,16 +56,16 @@ class AppState:
     # and, when URLs pass through, those of judges with fetch_images. None when neither needs it.
     image_fetcher: ImageFetcher | None = None
     # Set when settings.record_features: reads the features of steps checked by any detector, for traces.
-    hidden_states: Any = None  # clients.hidden_states.HiddenStatesClient
+    hidden_states: HiddenStatesClient | None = None
     # The judge backend that writes hints (settings.hint_judge), shared with the judge detector.
-    hint_llm: Any = None  # clients.judge_base.JudgeBackend
+    hint_llm: JudgeBackend | None = None
     # Reports of finished verified requests, by request id (GET /v1/faithfulness/{request_id}).
     reports: Reports | None = None
-    # The policy per API key in force (FAITHPROXY_POLICY_FILE); None without a policy file.
     doors: DoorTable = field(default_factory=lambda: DoorTable(()))  # create_app's (server/doors/table.py)
-    key_policies: Any = None  # server.key_policy.KeyPolicies
+    # The policy per API key in force (FAITHPROXY_POLICY_FILE); None without a policy file.
+    key_policies: KeyPolicies | None = None
     # Checks sampled off requests after the fact (server/shadow/checker.py's ShadowChecker); None: no sampling.
-    shadow: Any = None
+    shadow: ShadowSampler | None = None
 
     def judge_fetches_images(self, judge: str | None) -> bool:
         return self.image_fetcher is not None and any(c.name == judge and c.fetch_images for c in self.settings.judges)

@@ -320,7 +320,7 @@ def test_the_rule_itself(source: str, module: str, expected: str | None) -> None
 # ---- the rooms of server/ (server/__init__.py draws them) ----
 # Bottom to top: a server module references only its own room and the rooms before it, so no import runs
 # back up and none goes round in a circle. A top-level module (settings, state, app, cli) is a room alone.
-ROOMS = ("settings", "protocol", "observe", "state", "admission", "runtime", "chain", "doors", "shadow", "app", "cli")
+ROOMS = ("settings", "protocol", "observe", "admission", "runtime", "chain", "state", "doors", "shadow", "app", "cli")
 MAX_TOP_LEVEL_MODULES = 12
 
 

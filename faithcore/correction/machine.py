@@ -328,7 +328,7 @@ class ChainMachine(abc.ABC):
         502/503/504: a router whose replica just died) is sent again the same way, the first round
         included (the client has nothing yet).
 
-        At most `resume_attempts` per request; False (the request fails as before) when the failure is
+        At most `resume_attempts` per request; False (the failure stands: the request fails) when it is
         neither, and when none is left."""
         if not self._resumable(failure.error):
             return False

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
@@ -36,12 +36,32 @@ from faithproxy.server.admission.json_guard import load_json
 from faithproxy.server.admission.limits import check_body
 from faithproxy.server.admission.policy import RequestPolicy, policy_from_headers
 
-if TYPE_CHECKING:  # this module stays light for the off-mode path: no FastAPI, no state module
+if TYPE_CHECKING:  # this module stays light for the off-mode path: no FastAPI, no policy file's YAML
+    from faithproxy.clients.image_fetch import ImageFetcher
+    from faithproxy.server.admission.key_policy import KeyPolicies
     from faithproxy.server.observe.metrics import Metrics
     from faithproxy.server.protocol.doors import Door
-    from faithproxy.server.state import AppState
+    from faithproxy.server.settings import Settings
 
 BodyParser = Callable[[bytes], dict[str, Any]]
+
+
+class AdmissionState(Protocol):
+    """What admission reads of the app's resources (server/state.py's AppState, a room above this one,
+    which is built in the lifespan and satisfies this)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def detectors(self) -> Mapping[str, object]: ...  # the detectors this server can serve, by name
+    @property
+    def judges(self) -> list[str]: ...
+    @property
+    def hint_llm(self) -> object | None: ...  # the hint judge's backend; None: no hints here
+    @property
+    def key_policies(self) -> KeyPolicies | None: ...
+    @property
+    def image_fetcher(self) -> ImageFetcher | None: ...
 
 
 @dataclass(slots=True)
@@ -89,7 +109,7 @@ def arrival() -> tuple[float, float]:
 
 
 async def admit(
-    raw: bytes, headers: Mapping[str, str], state: AppState, door: Door, *, started: tuple[float, float]
+    raw: bytes, headers: Mapping[str, str], state: AdmissionState, door: Door, *, started: tuple[float, float]
 ) -> Admitted:
     """The request as it will be served, or a FaithproxyError (PolicyError and its kinds, 4xx) raised
     before anything is sent upstream. `started` is `arrival()` taken when the request came in. A door

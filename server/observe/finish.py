@@ -31,7 +31,7 @@ def finish_request(trace: RequestTrace, metrics: Metrics, tracer: TraceWriter) -
     metrics.requests.labels(mode, admitted.policy.detector, status_class, admitted.endpoint).inc()
     metrics.request_duration.labels(mode, "true" if admitted.stream else "false", admitted.endpoint).observe(duration)
     if mode == "off":  # a sampled one is counted by its shadow check's outcome (server/shadow/checker.py)
-        if not getattr(admitted, "shadow", False):
+        if not admitted.shadow:
             model = metrics.model_label(admitted.body.get("model"))
             metrics.shadow_requests.labels(model, admitted.endpoint, ShadowOutcome.NOT_SAMPLED).inc()
     elif trace.steps:

@@ -349,7 +349,7 @@ class Metrics:
             "faithproxy_perception_steps_total",
             "Perception steps by the verdict their original text got, by source (inline: checked as served, "
             "correct and detect; shadow: checked after an off request ended), model and endpoint: the fleet's "
-            "UPR and its sample size (server/observe/upr_queries.py: the rate with its 95% Wilson interval).",
+            "UPR and its sample size (tests/deploy/upr_queries.py: the rate with its 95% Wilson interval).",
             ["source", "model", "endpoint", "verdict"],
             registry=registry,
         )

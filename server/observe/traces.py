@@ -83,6 +83,7 @@ class RecordedRequest(Protocol):
     started_wall: float
     key_policy: str
     endpoint: str
+    shadow: bool  # an off request sampled for a shadow check (counted by the check, not here)
 
     @property
     def policy(self) -> RecordedPolicy: ...

@@ -2,5 +2,5 @@
 supervisor that restarts them, the heap trim, and the last-resort 500 in the door's format.
 
 Owns: uvicorn_server.py, workers.py, supervisor.py, heap_trim.py, internal_errors.py. May import:
-settings, protocol, observe, state, admission.
+settings, protocol, observe, admission.
 """

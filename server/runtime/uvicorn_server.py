@@ -11,7 +11,7 @@ Here nothing wakes the loop on a timer:
 - the Date header is made when it is read (`DatedServerState`): each response gets the date of the
   second it starts in, as uvicorn's once-a-second refresh gave it, at the cost of a clock read per
   request;
-- a stop signal wakes the loop at once (`handle_exit`), so shutdown starts as promptly as before.
+- a stop signal wakes the loop at once (`handle_exit`), so shutdown starts without waiting for a tick.
 
 Only the settings that need uvicorn's periodic check (`limit_max_requests`, `callback_notify`, neither
 of which `faithproxy serve` sets) bring back a tick, once a second.

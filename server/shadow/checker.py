@@ -48,7 +48,7 @@ from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.step_metrics import perception_verdicts
 from faithproxy.server.observe.summary import summarize
 from faithproxy.server.observe.traces import RequestTrace
-from faithproxy.server.state import AppState
+from faithproxy.server.state import AppState, Capture
 
 if TYPE_CHECKING:  # the machine brings its segmenter (nltk): loaded with the first check, not here
     from faithproxy.faithcore.correction import ChainMachine, Check, Checked, Event
@@ -146,13 +146,14 @@ class TokenBucket:
 @dataclass
 class _Sampled:
     admitted: Admitted
-    capture: ShadowCapture
+    capture: Capture
     model: str
 
 
 @dataclass
 class ShadowChecker:
-    """Checks sampled off requests in the background (see the module's docstring). `submit` never waits."""
+    """Checks sampled off requests in the background (see the module's docstring). `submit` never waits.
+    Off mode reaches it as the app state's `shadow` (server/state.py ShadowSampler)."""
 
     state: AppState
     queue_size: int
@@ -180,7 +181,7 @@ class ShadowChecker:
             return None
         return ShadowCapture(self.state.settings.shadow_max_bytes)
 
-    def submit(self, admitted: Admitted, capture: ShadowCapture | None, *, complete: bool) -> None:
+    def submit(self, admitted: Admitted, capture: Capture | None, *, complete: bool) -> None:
         """A sampled off request has ended: queue its check, or count why not. `complete`: the response
         was whole (2xx, not cut off, the client stayed)."""
         metrics = self.state.metrics

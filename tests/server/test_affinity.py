@@ -1,4 +1,5 @@
-"""One routing key per request on every upstream call (server/chain/affinity.py, clients/vllm.py ROUTING_KEY).
+"""One routing key per request on every upstream call (server/admission/affinity.py, clients/vllm.py
+ROUTING_KEY).
 
 A corrected request against a fake vLLM (a chain with a planted unfaithful sentence) and a local judge:
 its first round, its rewrite (a non-streamed call) and its continuation all carry the

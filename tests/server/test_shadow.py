@@ -24,9 +24,9 @@ from faithproxy.clients.judges import JudgeConfig
 from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.correction import Delta, RoundEnd
 from faithproxy.server.app import create_app
+from faithproxy.server.settings import Settings
 from faithproxy.server.shadow.checker import READABLE_OFF_PATHS, ShadowCapture, TokenBucket
 from faithproxy.server.shadow.wires import WIRES
-from faithproxy.server.settings import Settings
 from faithproxy.testing import SENTENCES, FakeUpstream, metric, running_app
 from faithproxy.tinyvlm.processes import free_port
 

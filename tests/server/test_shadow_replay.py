@@ -26,9 +26,9 @@ from faithproxy.faithcore.correction import (
     new_machine,
 )
 from faithproxy.faithcore.types import Faithfulness, Verdict
+from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
 from faithproxy.server.shadow.checker import replay
 from faithproxy.server.shadow.wires import WIRES, pieces
-from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
 
 CHAIN = [
     "The image shows a red circle. ",

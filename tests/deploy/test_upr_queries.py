@@ -1,4 +1,4 @@
-"""The fleet UPR's PromQL (server/observe/upr_queries.py): its Wilson interval evaluated by promtool on
+"""The fleet UPR's PromQL (tests/deploy/upr_queries.py): its Wilson interval evaluated by promtool on
 counter values equals the formula's, which gives the textbook interval; the dashboard carries the same
 queries."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from faithproxy.server.observe.upr_queries import sampled_share, upr, wilson
+from tests.deploy.upr_queries import sampled_share, upr, wilson
 
 REPO = Path(__file__).resolve().parents[2]
 DOOR = "/v1/chat/completions"

@@ -1,7 +1,9 @@
 """The fleet's UPR in PromQL: the rate with its 95% Wilson interval, and the share of off traffic sampled.
 
-Declared once here; the Grafana dashboard's panels carry these strings (tests/server/test_upr_queries.py
-holds them equal, and checks the arithmetic with promtool against `wilson` below).
+Declared once here; the Grafana dashboard's panels carry these strings (tests/deploy/test_upr_queries.py
+holds them equal, and checks the arithmetic with promtool against `wilson` below). The server never reads
+them: they are the dashboard's (deploy/grafana/dashboards/faithproxy.json), declared beside the other
+readers of the deploy assets (assets.py).
 
 faithproxy_perception_steps_total{source, model, endpoint, verdict} counts each checked perception step
 once, by the verdict its original text got: source="inline" for correct/detect requests, "shadow" for off
