@@ -60,7 +60,9 @@ async def test_each_kind_reaches_its_detector_on_every_door(stack: Stack, stack_
         extra_headers=HEADERS | {"X-Faithproxy-Routes": "*=consistency", "X-Faithproxy-Mode": "detect"},
     )
     summary = response.model_extra["faithfulness"]
-    assert len(perception(summary)) == 3 and summary["unfaithful_detected"] == 0  # the model's confident error: its samples repeat it
+    assert (
+        len(perception(summary)) == 3 and summary["unfaithful_detected"] == 0
+    )  # the model's confident error: its samples repeat it
 
     claude = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0)
     image = spec.data_url("green_circle").split(",", 1)[1]
