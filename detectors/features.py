@@ -45,11 +45,6 @@ def chain_text(steps: Sequence[Step], fmt: ReasoningFormat | None = None) -> str
     return text
 
 
-def chain_prefix(steps: Sequence[Step], fmt: ReasoningFormat | None = None) -> str:
-    """`chain_text` of the steps already accepted (kept for callers of the older name)."""
-    return chain_text(steps, fmt)
-
-
 def capture_texts(
     accepted: Sequence[Step], new_steps: Sequence[Step], fmt: ReasoningFormat | None
 ) -> tuple[str, list[str]]:

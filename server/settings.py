@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     # mallopt(M_MMAP_THRESHOLD), set at start; server/runtime/heap_trim.py says why); 0: glibc's dynamic threshold.
     heap_mmap_threshold_bytes: int = Field(128 * 1024, ge=0, le=32 * 1024 * 1024)
 
-    # Shadow checks (server/doors/shadow.py): this share of `off` requests (0 to 1; a key's policy may set
+    # Shadow checks (server/shadow/checker.py): this share of `off` requests (0 to 1; a key's policy may set
     # its own, server/admission/key_policy.py) is verified after its response has ended, off the request's
     # path, by `shadow_detector` (one that needs nothing from the live stream: judge, prompt). At most
     # `shadow_queue` wait, `shadow_concurrency` run at once, each keeps at most `shadow_max_bytes` of the

@@ -70,6 +70,7 @@ _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 _CODE = re.compile(r"`[^`\n]+`")
 _FIGURE = re.compile(r"\[([^\]]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]*)\)")
 _NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
+_FACTOR = re.compile(r"[+-]?\d+(?:\.\d+)?")
 _GOAL = r"(?:goal|target|bar|budget)"
 _VERDICT_WORD = re.compile(
     rf"\b(?:not met|met|meets|not reached|(?:misses|missed) (?:the|its|it)"
@@ -123,7 +124,10 @@ def figures(page: Path, text: str | None = None) -> list[Figure]:
     out = []
     for match in _FIGURE.finditer(prose):
         shown, target, fragment = match.groups()
-        pointer, _, factor = unquote(fragment).partition("*")
+        # the factor is what follows the last `*` when it is a number: a row's name may hold a `*` ("*=probe")
+        pointer, star, factor = unquote(fragment).rpartition("*")
+        if not star or not _FACTOR.fullmatch(factor):
+            pointer, factor = unquote(fragment), ""
         out.append(
             Figure(
                 page,
@@ -433,3 +437,15 @@ def test_an_unmarked_block_fails_and_a_marker_covers_only_its_own_block() -> Non
     text = "First 0.25 s.\n<!-- unlinked: a setting -->\nStill 0.5 s.\n\nThen 40 µs and 1,234.5.\n"
     assert [u.split(": ", 1)[1].split(" in ")[0] for u in unlinked_numbers(page, text)] == ["'40 µs'", "'1,234.5'"]
     assert unlinked_numbers(page, "A bare <!-- unlinked: --> marker: 5 ms.\n"), "a marker must say why"
+
+
+def test_a_row_name_with_a_star_is_part_of_the_pointer_and_a_trailing_number_the_factor() -> None:
+    page = "[−39%](benchmarks/results/x.json#/goals/routed@0.3+routes=count=judge;*=consistency/upr_cut*-100)"
+    plain = "[0.54](benchmarks/results/x.json#/detectors/routed@0.3+routes=count=judge;*=consistency/precision)"
+    (cut,) = figures(REPO / "README.md", page)
+    assert (cut.pointer, cut.factor) == ("/goals/routed@0.3+routes=count=judge;*=consistency/upr_cut", -100.0)
+    (precision,) = figures(REPO / "README.md", plain)
+    assert (precision.pointer, precision.factor) == (
+        "/detectors/routed@0.3+routes=count=judge;*=consistency/precision",
+        1.0,
+    )

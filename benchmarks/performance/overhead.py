@@ -520,7 +520,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     60,
                 )
             )
-        if args.shadow_shares:  # off with shadow checks at each share, beside plain off (server/doors/shadow.py)
+        if args.shadow_shares:  # off with shadow checks at each share, beside plain off (server/shadow/checker.py)
             judge = targets.start_ready(lambda: targets.start_judge(workdir), "/_stats", 60)
             started.append(judge)
             for share in args.shadow_shares:

@@ -117,7 +117,7 @@ def start_judge(workdir: Path) -> Target:
 
 def shadow_env(share: float, judge_url: str) -> dict[str, str]:
     """A faithproxy in off mode that checks `share` of its requests after the fact with the judge at
-    `judge_url` (server/doors/shadow.py)."""
+    `judge_url` (server/shadow/checker.py)."""
     judge = {"name": "judge", "backend": "anthropic", "model": "judge-model", "base_url": judge_url}
     return {
         "FAITHPROXY_SHADOW_SHARE": str(share),

@@ -1,4 +1,4 @@
-"""Shadow checks measured (server/doors/shadow.py): on ShapesWorld chains from real vLLM, shadow UPR at
+"""Shadow checks measured (server/shadow/checker.py): on ShapesWorld chains from real vLLM, shadow UPR at
 share 1.0 equals detect mode's on the same chains; at share s over N off requests, the checked count
 stays within binomial bounds.
 

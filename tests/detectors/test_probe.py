@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from faithproxy.clients.hidden_states import Features, HiddenStates, HiddenStatesClient
-from faithproxy.detectors.features import chain_prefix, read_step_features
+from faithproxy.detectors.features import chain_text, read_step_features
 from faithproxy.detectors.probe import Probe, ProbeDetector, ProbeFileError
 from faithproxy.detectors.registry import DetectorDeps
 from faithproxy.faithcore.context import RequestView
@@ -175,10 +175,10 @@ async def test_detector_refuses_other_model_and_wraps_capture_errors() -> None:
         await detector.check(ctx(), [step(0, "The ball is red.")])
 
 
-def test_chain_prefix_restores_think_tag_for_reasoning_channel() -> None:
+def test_chain_text_restores_think_tag_for_reasoning_channel() -> None:
     steps = [Step(index=0, text="A.", raw="A.", channel=Channel.REASONING)]
-    assert chain_prefix(steps) == "<think>A."
-    assert chain_prefix([step(0, "A.", raw="<think>\nA.")]) == "<think>\nA."
+    assert chain_text(steps) == "<think>A."
+    assert chain_text([step(0, "A.", raw="<think>\nA.")]) == "<think>\nA."
 
 
 def test_capture_text_follows_the_reasoning_format() -> None:
