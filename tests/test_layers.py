@@ -434,7 +434,7 @@ def test_no_import_circles_in_the_product() -> None:
 
 def test_the_room_rule_itself() -> None:
     known = product_files()
-    planted = references(ast.parse("from faithproxy.server.doors.serving import ChatServing\n"), known)
+    planted = references(ast.parse("from faithproxy.server.doors.serving import DoorServing\n"), known)
     assert room_violations(planted, "x.py", "faithproxy.server.observe.traces")
     assert not room_violations(planted, "x.py", "faithproxy.server.doors.off")
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -3,8 +3,8 @@
 Every door and every mode goes through `admit`: each door's route (server/doors/routes.py) and the
 off-mode fast path (server/doors/off.py, pure ASGI) alike, so a body, a limit or a header is refused
 the same way whichever of them meets it. What differs between doors is only how a body is read: each
-door brings its `parse` (server/protocol/doors.py: `parse_chat_body` for chat) and, for the doors that run
-as chat in a verified mode, its `translate`.
+door brings its `parse` (server/protocol/doors.py; each door's module of server/doors/ holds it) and,
+for the doors that run as chat in a verified mode or refuse there what off mode passes, its `translate`.
 
     raw bytes ── parse (per door) ── check_body ── policy_from_headers ── key policy ── settle_media_urls
               ── translate (per door, verified modes) ─▶ Admitted           (async: may fetch)
@@ -23,7 +23,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,7 +32,6 @@ from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError
 from faithproxy.server.admission import refusals
 from faithproxy.server.admission.image_urls import settle_media_urls
-from faithproxy.server.admission.json_guard import load_json
 from faithproxy.server.admission.limits import check_body
 from faithproxy.server.admission.policy import RequestPolicy, policy_from_headers
 
@@ -42,8 +41,6 @@ if TYPE_CHECKING:  # this module stays light for the off-mode path: no FastAPI, 
     from faithproxy.server.observe.metrics import Metrics
     from faithproxy.server.protocol.doors import Door
     from faithproxy.server.settings import Settings
-
-BodyParser = Callable[[bytes], dict[str, Any]]
 
 
 class AdmissionState(Protocol):
@@ -159,31 +156,3 @@ def count_refused(metrics: Metrics, exc: FaithproxyError, endpoint: str) -> None
     label = "rejected" if isinstance(exc, PolicyError) else "unknown"
     metrics.requests.labels(label, "-", f"{exc.status_code // 100}xx", endpoint).inc()
     refusals.count(metrics, exc.status_code, endpoint)
-
-
-# ---- the doors' body parsers ------------------------------------------------------------------
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    body = load_json(raw)  # bounded: no recursion or allocation without limit (server/admission/json_guard.py)
-    if not isinstance(body, dict):
-        raise PolicyError("Request body must be a JSON object", code="invalid_json")
-    return body
-
-
-def _model_and_stream(body: dict[str, Any]) -> dict[str, Any]:
-    """The checks every door's body shares after its own: `model` and `stream`."""
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise PolicyError("'model' must be a non-empty string", param="model")
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise PolicyError("'stream' must be a boolean", param="stream")  # null means false, as for OpenAI
-    return body
-
-
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """A /v1/chat/completions body, else a PolicyError (400). Unknown fields pass through untouched."""
-    body = _json_object(raw)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
-    return _model_and_stream(body)

@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,6 @@ from faithproxy.faithcore.correction import (
 )
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import RegenerationError
-from faithproxy.faithcore.reasoning_formats import ReasoningFormat
 from faithproxy.faithcore.types import Channel, Step
 from faithproxy.regenerators.base import Regenerator
 from faithproxy.server.admission.policy import RequestPolicy
@@ -58,6 +57,7 @@ from faithproxy.server.chain.reader import RoundReader
 from faithproxy.server.chain.verify import chain_rules, reasoning_format_of, verify
 from faithproxy.server.observe.metrics import Metrics
 from faithproxy.server.observe.step_metrics import count_step
+from faithproxy.server.protocol.wires import RoundWire
 from faithproxy.server.settings import Settings
 
 # Waits before resume attempt 1, 2, 3, ... (the last one repeats): a router needs a moment to notice a dead
@@ -67,7 +67,7 @@ RESUME_BACKOFF_S = (0.5, 1.0, 2.0)
 
 _EMITS = (EmitText, EmitExtra, EmitVerdicts, EmitEnd)
 
-__all__ = ["CHAT_WIRE", "ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts", "RoundWire"]
+__all__ = ["CHAT_WIRE", "ChainSession", "Emit", "EmitEnd", "EmitExtra", "EmitText", "EmitVerdicts"]
 
 
 def chat_round_body(client_body: dict[str, Any], start: StartRound) -> dict[str, Any]:
@@ -87,19 +87,9 @@ def chat_round_body(client_body: dict[str, Any], start: StartRound) -> dict[str,
     return body
 
 
-@dataclass(frozen=True)
-class RoundWire:
-    """How a door's rounds talk to vLLM: the path, how a round's body is built from the client's body,
-    which wire reader (faithcore/correction/wire.py) reads its chunks, and how the reasoning format is
-    adapted (a raw prompt has no chat template to close a think block)."""
-
-    path: str = CHAT_PATH
-    round_body: Callable[[dict[str, Any], StartRound], dict[str, Any]] = chat_round_body
-    reader: Callable[[], ChatChunkReader] = ChatChunkReader
-    reasoning_format: Callable[[ReasoningFormat], ReasoningFormat] = lambda fmt: fmt
-
-
-CHAT_WIRE = RoundWire()
+# The chain's own rounds: vLLM's chat completions, which every door but one is translated to; a door whose
+# rounds differ brings its RoundWire (`Door.round_wire`: the completions door).
+CHAT_WIRE = RoundWire(CHAT_PATH, chat_round_body, ChatChunkReader)
 
 
 @dataclass

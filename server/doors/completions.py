@@ -1,39 +1,69 @@
-"""POST /v1/completions served by the correction machine: a raw prompt, verified like a chat.
+"""POST /v1/completions: a raw prompt, verified like a chat.
 
 The client rendered the chat template itself, so there is none to continue through: a continuation
 round sends the client's prompt with the accepted text appended (`completions_round_body`), and vLLM's
-`/v1/completions` decodes on from there. Its chunks (`choices[0].text`) are read by
-`CompletionChunkReader` (faithcore/correction/wire.py) into the same `Delta("content", ...)` events a
-chat stream gives, so the machine, the driver (server/chain/session.py) and the accounting
-(`ChatServing`, server/observe/traces.py) are the chat door's own; only the wire and the rendering differ:
-emits go out as `text_completion` chunks, and the `faithfulness` object rides beside `choices`, as it
-does on chat chunks.
+`/v1/completions` decodes on from there (`COMPLETIONS_WIRE`, the door's round wire). Its chunks
+(`choices[0].text`) are read by `CompletionChunkReader` (faithcore/correction/wire.py) into the same
+`Delta("content", ...)` events a chat stream gives, so the machine, the driver (server/chain/session.py)
+and the accounting (server/doors/serving.py `DoorServing`) are every door's; detectors read the prompt as
+one user message (`prompt_messages`). Emits go out as `text_completion` chunks (`CompletionRenderer`),
+the `faithfulness` object beside `choices`, as it rides on chat chunks.
 
 What a raw prompt can ask that a verified chain cannot give (token-id prompts, several prompts,
-`echo`, `logprobs`, `suffix`, `best_of`, hints) is refused with a 400 in `detect` and `correct`;
-`off` passes every body vLLM takes straight through (server/doors/off.py).
+`echo`, `logprobs`, `suffix`, `best_of`, hints) is refused with a 400 in `detect` and `correct`
+(`translate`, which leaves the body as it is); `off` passes every body vLLM takes straight through
+(server/doors/off.py), and the shadow check reads what it passed (`completions_events`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi.responses import Response
+from pydantic import Field
 
 from faithproxy.clients.vllm import COMPLETIONS_PATH
-from faithproxy.faithcore.correction import StartRound
-from faithproxy.faithcore.correction.wire import CompletionChunkReader
 from faithproxy.faithcore.errors import PolicyError
-from faithproxy.faithcore.reasoning_formats import ReasoningFormat
 from faithproxy.faithcore.types import Channel
-from faithproxy.server.chain.session import RoundWire
-from faithproxy.server.doors.serving import ChatServing
+from faithproxy.server.doors.bodies import json_object, model_and_stream
+from faithproxy.server.doors.captured import chunk_events, completion_reader, json_body, sse_objects
+from faithproxy.server.doors.chat import ChatRenderer
+from faithproxy.server.doors.schema import OpenModel, StreamOptions, openai_responses
+from faithproxy.server.protocol.doors import Api, Door
+from faithproxy.server.protocol.render import Answer, Ending
 from faithproxy.server.protocol.sse import ChunkFactory, frame
+from faithproxy.server.protocol.wires import RoundWire
+
+if TYPE_CHECKING:
+    from faithproxy.faithcore.correction import StartRound
+    from faithproxy.faithcore.reasoning_formats import ReasoningFormat
+    from faithproxy.server.protocol.wires import RoundEvents
 
 # Fields that change what a completion is beyond one chain of text; `off` passes them through.
 _CORRECTING_REFUSES = ("echo", "logprobs", "suffix", "best_of", "prompt_logprobs")
+
+
+def _is_prompt(prompt: Any) -> bool:
+    """A completions prompt as OpenAI takes it: a string, or a non-empty list of strings, of token ids,
+    or of token-id lists."""
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    return (
+        all(isinstance(p, str) for p in prompt)
+        or all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        or all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt)
+    )
+
+
+def parse_completions_body(raw: bytes) -> dict[str, Any]:
+    """A /v1/completions body, else a PolicyError (400). Unknown fields pass through untouched."""
+    body = json_object(raw)
+    if "prompt" not in body or not _is_prompt(body["prompt"]):
+        raise PolicyError("'prompt' must be a string, or a non-empty list of strings or of token ids", param="prompt")
+    return model_and_stream(body)
 
 
 def prompt_text(body: dict[str, Any]) -> str | None:
@@ -42,6 +72,34 @@ def prompt_text(body: dict[str, Any]) -> str | None:
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     return prompt if isinstance(prompt, str) else None
+
+
+def translate(body: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The body itself, which a verified mode sends as it is; a PolicyError (400) for what a verified
+    chain cannot give (`off` passes it through)."""
+    if prompt_text(body) is None:
+        raise PolicyError(
+            f"'prompt' must be one string in {mode} mode (token ids and several prompts pass through "
+            "with X-Faithproxy-Mode: off)",
+            param="prompt",
+        )
+    for name in _CORRECTING_REFUSES:
+        value = body.get(name)
+        if value is not None and value is not False and not (name == "best_of" and value == 1):
+            raise PolicyError(
+                f"'{name}' is not supported on /v1/completions in {mode} mode (X-Faithproxy-Mode: off "
+                "passes it through)",
+                param=name,
+            )
+    return body
+
+
+def prompt_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The prompt as one user message: what detectors, judges and the regenerator read."""
+    return [{"role": "user", "content": prompt_text(body) or ""}]
+
+
+# ---- the round wire: vLLM's /v1/completions ---------------------------------------------------------
 
 
 def completions_round_body(client_body: dict[str, Any], start: StartRound) -> dict[str, Any]:
@@ -67,9 +125,36 @@ def _raw_prompt_format(fmt: ReasoningFormat) -> ReasoningFormat:
 COMPLETIONS_WIRE = RoundWire(
     path=COMPLETIONS_PATH,
     round_body=completions_round_body,
-    reader=CompletionChunkReader,
+    reader=completion_reader,
     reasoning_format=_raw_prompt_format,
 )
+
+
+def completions_events(data: bytes, stream: bool) -> RoundEvents | None:
+    """The round a captured completions response holds (the shadow check's reader)."""
+    chunks = sse_objects(data) if stream else ([body] if (body := json_body(data)) is not None else None)
+    return chunk_events(chunks, completion_reader())
+
+
+# ---- OpenAPI ---------------------------------------------------------------------------------------
+
+
+class CompletionRequest(OpenModel):
+    """An OpenAI (legacy) completion request; fields not listed are forwarded to vLLM untouched."""
+
+    model: str = Field(min_length=1)
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="One string unless X-Faithproxy-Mode is off (then anything vLLM takes)."
+    )
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
+    temperature: float | None = None
+    seed: int | None = None
+
+
+# ---- the renderer ----------------------------------------------------------------------------------
 
 
 class CompletionChunks(ChunkFactory):
@@ -104,56 +189,39 @@ class CompletionChunks(ChunkFactory):
         return {**chunk, "choices": [], "usage": usage}
 
 
-class CompletionServing(ChatServing):
-    """Serves one admitted /v1/completions request through the chat door's session and accounting."""
+class CompletionRenderer(ChatRenderer):
+    """`text_completion` chunks out (the chat door's hooks, these chunks), a `text_completion` body."""
 
-    wire = COMPLETIONS_WIRE
-    object_id_prefix = "cmpl"
+    chunk_factory = CompletionChunks
+    id_prefix = "cmpl"
 
-    async def respond(self) -> Response:
-        if self.policy.mode != "off":
-            self._refuse_unsupported()
-        return await super().respond()
-
-    def _refuse_unsupported(self) -> None:
-        mode = self.policy.mode
-        if prompt_text(self.body) is None:
-            raise PolicyError(
-                f"'prompt' must be one string in {mode} mode (token ids and several prompts pass through "
-                "with X-Faithproxy-Mode: off)",
-                param="prompt",
-            )
-        for name in _CORRECTING_REFUSES:
-            value = self.body.get(name)
-            if value is not None and value is not False and not (name == "best_of" and value == 1):
-                raise PolicyError(
-                    f"'{name}' is not supported on /v1/completions in {mode} mode (X-Faithproxy-Mode: off "
-                    "passes it through)",
-                    param=name,
-                )
-        if self.policy.hints:
-            raise PolicyError(
-                "X-Faithproxy-Hints is supported on /v1/chat/completions only", param="x-faithproxy-hints"
-            )
-
-    def _messages(self) -> list[dict[str, Any]]:
-        """The prompt as one user message: what detectors, judges and the regenerator read."""
-        return [{"role": "user", "content": prompt_text(self.body) or ""}]
-
-    def _chunks(self) -> ChunkFactory:
-        return CompletionChunks(f"{self.object_id_prefix}-{self.request_id}", self.body["model"])
-
-    def _body(self, finish_reason: str | None, extras: dict[str, Any]) -> dict[str, Any]:
-        assert self.session is not None
-        text = "".join(self.answer.get(name, "") for name in ("reasoning", "reasoning_content", "content"))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason or "stop"}
+    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
+        text = "".join(answer.text.get(name, "") for name in ("reasoning", "reasoning_content", "content"))
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": answer.finish_reason or "stop"}
         return {
-            "id": f"{self.object_id_prefix}-{self.request_id}",
+            "id": self.id,
             "object": "text_completion",
-            "created": int(self.started_wall),
-            "model": self.body["model"],
+            "created": int(self.reply.started_wall),
+            "model": self.reply.model,
             "choices": [choice],
-            "usage": dict(self.session.result().usage),
-            **self._judge_usage(),
-            "faithfulness": self._summary(),
+            "usage": ending.usage,
+            **ending.judge_usage,
+            "faithfulness": ending.summary,
         }
+
+
+DOOR = Door(
+    path=COMPLETIONS_PATH,
+    api=Api.OPENAI,
+    parse=parse_completions_body,
+    renderer=CompletionRenderer,
+    off_path=COMPLETIONS_PATH,
+    translate=translate,
+    messages=prompt_messages,
+    hints=False,
+    round_wire=COMPLETIONS_WIRE,
+    shadow_reader=completions_events,
+    request_model=CompletionRequest,
+    openapi_responses=openai_responses("A text completion (JSON), or an SSE stream when stream=true."),
+    name="completions",
+)

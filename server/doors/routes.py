@@ -1,8 +1,8 @@
-"""One route per door of the table: read the body, admit it (server/admission/admit.py), hand it to the
-door's serving class, answer a refusal in the door's format. Thin on purpose: the loop lives in
-server/chain/session.py, the response shapes in the serving classes. Off mode's pure-ASGI fast path
-(server/doors/off.py) serves most `off` requests before they reach these routes, with the same admission
-and the same `Passthrough` the serving classes use.
+"""One route per door of the table: read the body, admit it (server/admission/admit.py), hand it to
+`DoorServing` (server/doors/serving.py), answer a refusal in the door's format. Thin on purpose: the loop
+lives in server/chain/session.py, the response shapes in the doors' renderers. Off mode's pure-ASGI fast
+path (server/doors/off.py) serves most `off` requests before they reach these routes, with the same
+admission and the same `Passthrough` the serving object uses.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from fastapi.responses import Response
 
 from faithproxy.faithcore.errors import FaithproxyError
 from faithproxy.server.admission.admit import admit, arrival, count_refused
+from faithproxy.server.doors.schema import request_body
 from faithproxy.server.protocol.doors import Door, DoorTable
 from faithproxy.server.protocol.errors import error_response
 from faithproxy.server.state import StateDep
@@ -25,8 +26,11 @@ def door_endpoint(door: Door) -> Callable[[Request, StateDep], Awaitable[Respons
         try:
             raw = await request.body()  # PayloadTooLarge from the size limit while reading
             admitted = await admit(raw, request.headers, state, door, started=started)
-            # The serving class is loaded on first use: a server in off mode never needs it.
-            return await door.serving_class()(state, admitted).respond()
+            # Loaded on first use, not with this module: it brings the chain and the correction machine,
+            # which a server that only passes requests through never needs.
+            from faithproxy.server.doors.serving import DoorServing
+
+            return await DoorServing(state, admitted).respond()
         except FaithproxyError as exc:  # refused before a mode took the request (the serving counts the rest)
             count_refused(state.metrics, exc, door.path)
             return error_response(exc, door=door)
@@ -43,7 +47,7 @@ def door_routes(doors: DoorTable) -> APIRouter:
             door_endpoint(door),
             methods=["POST"],
             response_model=None,
-            openapi_extra=door.openapi_extra,
+            openapi_extra=request_body(door),
             responses=door.openapi_responses,
         )
     return router

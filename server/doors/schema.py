@@ -1,18 +1,20 @@
-"""The OpenAPI description of POST /v1/chat/completions and /v1/completions: request bodies, headers, errors.
+"""The OpenAPI of every door: what they share (the X-Faithproxy-* headers, OpenAI's error responses, the
+open base model) and `install_openapi`, which adds each door's request model (`Door.request_model`, in
+its module) as a component.
 
-The handler reads the raw body (unknown fields are forwarded to vLLM byte for byte in off mode, and
-as parsed JSON otherwise), so these models are documentation and the fuzzer's grammar, not a parser:
-they list what the proxy itself reads, and `extra="allow"` says that everything else passes through.
+A door reads the raw body (unknown fields are forwarded to vLLM byte for byte in off mode, and as
+parsed JSON otherwise), so these models are documentation and the fuzzer's grammar, not a parser: they
+list what the proxy itself reads, and `extra="allow"` says that everything else passes through.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.reasoning_formats import FORMATS
@@ -25,7 +27,7 @@ from faithproxy.server.admission.policy import (
     HEADER_ON_DETECTOR_ERROR,
     HEADER_REASONING_FORMAT,
 )
-from faithproxy.server.protocol.doors import DoorTable
+from faithproxy.server.protocol.doors import Door, DoorTable
 from faithproxy.server.settings import Settings
 
 
@@ -35,107 +37,14 @@ def _no_explicit_additional_properties(schema: dict[str, Any]) -> None:
     schema.pop("additionalProperties", None)
 
 
-class _Open(BaseModel):
+class OpenModel(BaseModel):
+    """A wire model that documents what the proxy reads and lets everything else through (STYLE.md, 8)."""
+
     model_config = ConfigDict(extra="allow", json_schema_extra=_no_explicit_additional_properties)
 
 
-class ImageURL(_Open):
-    url: str = Field(description="A base64 data: URL or an http(s) URL.")
-    detail: str | None = None
-
-
-class TextPart(_Open):
-    type: Literal["text"]
-    text: str
-
-
-class ImagePart(_Open):
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-class ChatMessage(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | ImagePart] | None = None
-
-
-class StreamOptions(_Open):
+class StreamOptions(OpenModel):
     include_usage: bool | None = None
-
-
-class ChatCompletionRequest(_Open):
-    """An OpenAI chat completion request; fields not listed are forwarded to vLLM untouched."""
-
-    model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
-    temperature: float | None = None
-    seed: int | None = None
-
-
-class CompletionRequest(_Open):
-    """An OpenAI (legacy) completion request; fields not listed are forwarded to vLLM untouched."""
-
-    model: str = Field(min_length=1)
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        description="One string unless X-Faithproxy-Mode is off (then anything vLLM takes)."
-    )
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
-    temperature: float | None = None
-    seed: int | None = None
-
-
-class ResponsesRequest(_Open):
-    """An OpenAI Responses API request; fields not listed are forwarded to vLLM untouched in off mode."""
-
-    model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]] = Field(
-        description="A string or message items (input_text, input_image parts) unless X-Faithproxy-Mode is off."
-    )
-    instructions: str | None = None
-    stream: bool | None = False
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-
-
-class AnthropicText(_Open):
-    type: Literal["text"]
-    text: str
-
-
-class AnthropicImageSource(_Open):
-    type: Literal["base64", "url"]
-    media_type: str | None = None
-    data: str | None = None
-    url: str | None = None
-
-
-class AnthropicImage(_Open):
-    type: Literal["image"]
-    source: AnthropicImageSource
-
-
-class AnthropicMessage(_Open):
-    role: Literal["user", "assistant"]
-    content: str | list[AnthropicText | AnthropicImage]
-
-
-class MessagesRequest(_Open):
-    """An Anthropic Messages API request; fields not listed are forwarded to vLLM untouched in off mode."""
-
-    model: str = Field(min_length=1)
-    messages: list[AnthropicMessage] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    system: str | list[dict[str, Any]] | None = None
-    stream: bool | None = False
-    temperature: float | None = None
 
 
 class ErrorDetail(BaseModel):
@@ -151,22 +60,6 @@ class ErrorResponse(BaseModel):
 
 def _header(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "header", "required": False, "description": description, "schema": schema}
-
-
-CHAT_OPENAPI_EXTRA: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}},
-    },
-}
-
-
-COMPLETIONS_OPENAPI_EXTRA: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}},
-    },
-}
 
 
 def chat_parameters(settings: Settings, served: Collection[str] | None = None) -> list[dict[str, Any]]:
@@ -197,50 +90,34 @@ def chat_parameters(settings: Settings, served: Collection[str] | None = None) -
     return parameters
 
 
-CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "A chat completion (JSON), or an SSE stream when stream=true."},
-    400: {"model": ErrorResponse, "description": "Invalid body, header or image."},
-    401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
-    403: {"model": ErrorResponse, "description": "A header outside the API key's policy (FAITHPROXY_POLICY_FILE)."},
-    413: {"model": ErrorResponse, "description": "Body or image too large."},
-    429: {"model": ErrorResponse, "description": "Too many concurrent requests (see Retry-After)."},
-    431: {"model": ErrorResponse, "description": "Request headers too large."},
-    502: {"model": ErrorResponse, "description": "vLLM or the detector failed."},
-}
+def openai_responses(ok: str) -> dict[int | str, dict[str, Any]]:
+    """The responses of an OpenAI door: `ok` says what its 200 is; its errors are OpenAI's."""
+    return {
+        200: {"description": ok},
+        400: {"model": ErrorResponse, "description": "Invalid body, header or image."},
+        401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
+        403: {"model": ErrorResponse, "description": "A header outside the API key's policy (FAITHPROXY_POLICY_FILE)."},
+        413: {"model": ErrorResponse, "description": "Body or image too large."},
+        429: {"model": ErrorResponse, "description": "Too many concurrent requests (see Retry-After)."},
+        431: {"model": ErrorResponse, "description": "Request headers too large."},
+        502: {"model": ErrorResponse, "description": "vLLM or the detector failed."},
+    }
 
 
-COMPLETIONS_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **CHAT_RESPONSES,
-    200: {"description": "A text completion (JSON), or an SSE stream when stream=true."},
-}
+def request_body(door: Door) -> dict[str, Any]:
+    """The route's OpenAPI extra: its request body, the door's model (a component `install_openapi` adds)."""
+    if door.request_model is None:
+        return {}
+    ref = f"#/components/schemas/{door.request_model.__name__}"
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": ref}}}}}
 
-RESPONSES_OPENAPI_EXTRA: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ResponsesRequest"}}},
-    },
-}
 
-MESSAGES_OPENAPI_EXTRA: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MessagesRequest"}}},
-    },
-}
-
-MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "An Anthropic message (JSON), or its SSE events when stream=true."},
-    400: {"description": "Invalid body, header or image (Anthropic's error format)."},
-    401: {"description": "Missing or wrong API key."},
-    413: {"description": "Body or image too large."},
-    429: {"description": "Too many concurrent requests (see Retry-After)."},
-    502: {"description": "vLLM or the detector failed."},
-}
-
-RESPONSES_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **CHAT_RESPONSES,
-    200: {"description": "A Responses API response (JSON), or its SSE events when stream=true."},
-}
+def _capped(request: dict[str, Any], cap: int) -> None:
+    """This server's max_tokens cap as the maximum of the optional token limits a request model has."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        limit = request["properties"].get(name)
+        if limit is not None and "anyOf" in limit:
+            limit["anyOf"][0]["maximum"] = cap
 
 
 def install_openapi(app: FastAPI, settings: Settings, doors: DoorTable) -> None:
@@ -250,29 +127,22 @@ def install_openapi(app: FastAPI, settings: Settings, doors: DoorTable) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            request = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            if settings.max_tokens_cap is not None:
-                for name in ("max_tokens", "max_completion_tokens"):
-                    request["properties"][name]["anyOf"][0]["maximum"] = settings.max_tokens_cap
-            components = schema.setdefault("components", {})
-            components.setdefault("schemas", {}).update(request.pop("$defs", {}))
-            components["schemas"]["ChatCompletionRequest"] = request
-            completion = CompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            if settings.max_tokens_cap is not None:
-                completion["properties"]["max_tokens"]["anyOf"][0]["maximum"] = settings.max_tokens_cap
-            components["schemas"].update(completion.pop("$defs", {}))
-            components["schemas"]["CompletionRequest"] = completion
-            components["schemas"]["ResponsesRequest"] = ResponsesRequest.model_json_schema()
-            messages = MessagesRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components["schemas"].update(messages.pop("$defs", {}))
-            components["schemas"]["MessagesRequest"] = messages
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            for door in doors:
+                if door.request_model is None:
+                    continue
+                request = door.request_model.model_json_schema(ref_template="#/components/schemas/{model}")
+                if settings.max_tokens_cap is not None:
+                    _capped(request, settings.max_tokens_cap)
+                schemas.update(request.pop("$defs", {}))
+                schemas[door.request_model.__name__] = request
             state = getattr(app.state, "faithproxy", None)
             for door in doors:
                 if door.path in schema["paths"]:
                     operation = schema["paths"][door.path]["post"]
                     operation["parameters"] = chat_parameters(settings, state.detectors if state is not None else None)
             if settings.api_keys:
-                components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
                 schema["security"] = [{"bearer": []}]
                 for path in ("/healthz", "/readyz") + (() if settings.metrics_require_key else ("/metrics",)):
                     schema["paths"][path]["get"]["security"] = []

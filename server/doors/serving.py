@@ -1,6 +1,12 @@
-"""ChatServing: turns a ChainSession into an OpenAI response — SSE stream, JSON body, or pass-through.
+"""DoorServing: serves one admitted request at any door, in the door's API.
 
-Errors before the first byte are HTTP errors; after it, a final error frame and `data: [DONE]`.
+It owns what every door shares, once: off mode (the router's `Passthrough`, for a mode header the off
+middleware does not read as `off`), the request view and the chain session, the accounting (metrics, the
+trace record, the report) and the shape of a response: an SSE stream, a JSON body, or an error. What
+differs between doors is only how the machine's emits are written, which the door's renderer does
+(`Door.renderer`, server/protocol/render.py), and the door's round wire and messages (its `Door`).
+
+Errors before the first byte are HTTP errors; after it, the renderer's error frame and its `done`.
 Whatever happens (error, client gone), the trace record is written and the request is counted.
 """
 
@@ -29,39 +35,32 @@ from faithproxy.server.observe.finish import finish_request
 from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.summary import step_annotation, summarize
 from faithproxy.server.observe.traces import RequestTrace
-from faithproxy.server.protocol.errors import error_frame, error_response
-from faithproxy.server.protocol.sse import DONE, ChunkFactory, frame
+from faithproxy.server.protocol.errors import error_response
+from faithproxy.server.protocol.render import Answer, Ending, Renderer, Reply
 from faithproxy.server.state import AppState
 
 log = logging.getLogger("faithproxy")
 
 
-class ChatServing:
-    """Serves one admitted chat request. Another door (server/doors/completions.py, ...) subclasses it, giving
-    its own `wire`, `_messages`, `_chunks`, frame hooks (`_text_frames`, `_verdict_frames`,
-    `_extra_frames`, `_end_frames`) and `_body`: the session and accounting stay here."""
-
-    wire = CHAT_WIRE  # the rounds' path, body and wire reader (server/chain/session.py)
-    object_id_prefix = "chatcmpl"
-    done_frame = DONE  # what ends a stream: `data: [DONE]` on OpenAI's chat and completions APIs
+class DoorServing:
+    """Serves one admitted request (see the module's docstring); every door's route hands it here."""
 
     def __init__(self, state: AppState, admitted: Admitted) -> None:
         self.state = state
         self.admitted = admitted
         self.door = state.doors[admitted.endpoint]
         self.policy = admitted.policy
-        self.body = admitted.body
-        self.raw = admitted.raw
+        self.body = admitted.body  # what the chain drives vLLM with: a translated door's chat body
         self.stream = admitted.stream
         self.request_id = admitted.request_id
         self.started = admitted.started
-        self.started_wall = admitted.started_wall
         self.ttft: float | None = None
         self.error: FaithproxyError | None = None
         self.disconnected = False
         self.session: ChainSession | None = None
-        self.answer: dict[str, str] = {}
+        self.answer: dict[str, str] = {}  # what was sent, by chat field: the trace's answer and reasoning
         self.hints: dict[str, Any] | None = None  # what the hint stage did, for the trace
+        self._finished = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -69,10 +68,14 @@ class ChatServing:
 
     async def respond(self) -> Response:
         if self.policy.mode == "off":
-            return await self._passthrough()
+            # Off-mode requests mostly never reach the router (server/doors/off.py serves them as pure
+            # ASGI); those that do (a mode header the middleware does not read as `off`) get the same code.
+            return Passthrough(self.state, self.admitted, self.door)
+        if self.policy.hints and not self.door.hints:
+            raise PolicyError(f"X-Faithproxy-Hints is not supported on {self.door.path}", param="x-faithproxy-hints")
         if (self.body.get("n") or 1) != 1:
             raise PolicyError("n > 1 is only supported with X-Faithproxy-Mode: off", param="n")
-        messages = self._messages()
+        messages = self.door.messages(self.body)  # what detectors, judges and the regenerator read
         images = images_in_messages(messages)  # PolicyError on a malformed image: nothing sent yet
         question = last_user_text(messages)  # the client's question: what judges are told was asked
         body = self.body
@@ -107,7 +110,7 @@ class ChatServing:
             body=body,
             model_label=self.state.model_label(self.body["model"]),
             hidden_states=self.state.hidden_states,
-            wire=self.wire,
+            wire=self.door.round_wire or CHAT_WIRE,
         )
         self.state.metrics.in_flight.inc()
         events = self.session.run_batches().__aiter__()
@@ -123,13 +126,12 @@ class ChatServing:
             self.error = FaithproxyError("request cancelled")
             self._finish()
             raise
+        request = self.admitted.request or self.body  # the client's body, in the door's API
+        renderer = self.door.renderer(Reply(self.request_id, self.body["model"], self.admitted.started_wall, request))
         if self.stream:
-            return StreamingResponse(self._sse(first, events), media_type="text/event-stream", headers=self.headers)
-        return await self._collect(first, events)
-
-    def _messages(self) -> list[dict[str, Any]]:
-        """The conversation as chat messages: what detectors, judges and the regenerator read."""
-        return self.body["messages"]
+            stream = self._sse(renderer, first, events)
+            return StreamingResponse(stream, media_type=renderer.media_type, headers=self.headers)
+        return await self._collect(renderer, first, events)
 
     async def _with_hints(self, messages: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
         """The messages with hints, or unchanged when the hint judge fails or gives none (counted)."""
@@ -154,14 +156,14 @@ class ChatServing:
 
     # ---- streams ------------------------------------------------------------------------------
 
-    async def _sse(self, first: list[Emit], events: AsyncIterator[list[Emit]]) -> AsyncIterator[bytes]:
+    async def _sse(
+        self, renderer: Renderer, first: list[Emit], events: AsyncIterator[list[Emit]]
+    ) -> AsyncIterator[bytes]:
         """The stream: the frames of one batch of emits (what one upstream read brought) as one write."""
-        assert self.session is not None
-        chunks = self._chunks()
         try:
             batch: list[Emit] | None = first
             while batch is not None:
-                frames = [data for item in batch for data in self._frames_for(item, chunks)]
+                frames = [data for item in batch for data in self._frames_for(renderer, item)]
                 if frames:
                     if self.ttft is None:
                         self.ttft = time.perf_counter() - self.started
@@ -170,12 +172,14 @@ class ChatServing:
                 batch = await anext(events, None)
             stream_options = self.body.get("stream_options") or {}
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
-                yield frame({**chunks.usage_chunk(dict(self.session.result().usage)), **self._judge_usage()})
-            yield self.done_frame
+                usage = renderer.usage(self._ending())
+                if usage:
+                    yield b"".join(usage)
+            yield renderer.done
         except FaithproxyError as exc:
             self.error = exc
-            yield self._error_frame(exc)
-            yield self.done_frame
+            yield renderer.error(exc)
+            yield renderer.done
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnected = True
             self.state.metrics.client_disconnects.inc()
@@ -184,53 +188,30 @@ class ChatServing:
             log.exception("internal error in stream %s", self.request_id)
             self.state.metrics.internal_errors.labels(self.admitted.endpoint).inc()
             self.error = FaithproxyError(f"internal error: {type(exc).__name__}")
-            yield self._error_frame(self.error)
-            yield self.done_frame
+            yield renderer.error(self.error)
+            yield renderer.done
         finally:
             await _aclose(events)
             self._finish()
 
-    def _error_frame(self, exc: FaithproxyError) -> bytes:
-        """The frame that ends a stream failed after its first byte (the door's own error format)."""
-        return error_frame(exc)
-
-    def _chunks(self) -> ChunkFactory:
-        return ChunkFactory(f"{self.object_id_prefix}-{self.request_id}", self.body["model"])
-
-    def _frames_for(self, item: Emit, chunks: ChunkFactory) -> list[bytes]:
-        """One emit as the door's frames; each door renders the four kinds in its hooks below."""
+    def _frames_for(self, renderer: Renderer, item: Emit) -> list[bytes]:
+        """One emit as the door's frames."""
         if isinstance(item, EmitText):
             self.answer[item.field] = self.answer.get(item.field, "") + item.text
             step = step_annotation(item.step) if self.policy.annotate and item.step else None
-            return self._text_frames(item, step, chunks)
+            return renderer.text(item, step)
         if isinstance(item, EmitVerdicts):
             if not self.policy.annotate:
                 return []
-            return self._verdict_frames([step_annotation(s) for s in item.steps], chunks)
+            return renderer.verdicts([step_annotation(s) for s in item.steps])
         if isinstance(item, EmitExtra):
-            return self._extra_frames(item, chunks)
-        assert isinstance(item, EmitEnd) and self.session is not None
-        return self._end_frames(item, chunks)
-
-    def _text_frames(self, item: EmitText, step: dict[str, Any] | None, chunks: ChunkFactory) -> list[bytes]:
-        """`step`: the annotation of the step this text completes, when the client gets annotations."""
-        if step is None:  # detect mode's per-token deltas: only the text is encoded
-            return [chunks.text_frame(item.field, item.text)]
-        return [frame(chunks.chunk({item.field: item.text}, extra={"faithfulness": {"step": step}}))]
-
-    def _verdict_frames(self, verdicts: list[dict[str, Any]], chunks: ChunkFactory) -> list[bytes]:
-        return [frame(chunks.chunk({}, extra={"faithfulness": {"verdicts": verdicts}}))]
-
-    def _extra_frames(self, item: EmitExtra, chunks: ChunkFactory) -> list[bytes]:
-        return [frame(chunks.chunk(item.delta))]
-
-    def _end_frames(self, item: EmitEnd, chunks: ChunkFactory) -> list[bytes]:
-        extra = {"faithfulness": self._summary(), **self._judge_usage()}
-        return [frame(chunks.chunk({}, finish_reason=item.finish_reason or "stop", extra=extra))]
+            return renderer.extra(item)
+        assert isinstance(item, EmitEnd)
+        return renderer.end(item.finish_reason, self._ending())
 
     # ---- non-stream ---------------------------------------------------------------------------
 
-    async def _collect(self, first: list[Emit], events: AsyncIterator[list[Emit]]) -> Response:
+    async def _collect(self, renderer: Renderer, first: list[Emit], events: AsyncIterator[list[Emit]]) -> Response:
         assert self.session is not None
         finish_reason: str | None = None
         extras: dict[str, Any] = {}
@@ -252,40 +233,16 @@ class ChatServing:
             await _aclose(events)
             self._finish()
         headers = {**self.headers, **bill_header(judge_bill(self.session.view.judge_state))}
-        return JSONResponse(self._body(finish_reason, extras), headers=headers)
-
-    def _body(self, finish_reason: str | None, extras: dict[str, Any]) -> dict[str, Any]:
-        """The non-streamed response from what the session emitted."""
-        assert self.session is not None
-        message: dict[str, Any] = {"role": "assistant", "content": self.answer.get("content"), **extras}
-        for name in ("reasoning", "reasoning_content"):
-            if name in self.answer:
-                message[name] = self.answer[name]
-        body = {
-            "id": f"chatcmpl-{self.request_id}",
-            "object": "chat.completion",
-            "created": int(self.started_wall),
-            "model": self.body["model"],
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason or "stop"}],
-            "usage": dict(self.session.result().usage),
-            **self._judge_usage(),
-            "faithfulness": self._summary(),
-        }
-        return body
-
-    # ---- off mode: the same bytes vLLM sent ---------------------------------------------------
-
-    async def _passthrough(self) -> Response:
-        """Off-mode requests mostly never reach the router (server/doors/off.py serves them as pure
-        ASGI); those that do (a mode header the middleware does not read as `off`) get the same code."""
-        return Passthrough(self.state, self.admitted, self.door)
+        body = renderer.body(Answer(self.answer, extras, finish_reason), self._ending())
+        return JSONResponse(body, headers=headers)
 
     # ---- accounting ---------------------------------------------------------------------------
 
-    def _judge_usage(self) -> dict[str, Any]:
-        """The judge's bill beside `usage` (server/chain/judge_bill.py)."""
+    def _ending(self) -> Ending:
+        """What the request spent and found so far, for the renderer's last word."""
         assert self.session is not None
-        return {JUDGE_USAGE: judge_bill(self.session.view.judge_state)}
+        usage = dict(self.session.result().usage)
+        return Ending(usage, {JUDGE_USAGE: judge_bill(self.session.view.judge_state)}, self._summary())
 
     def _summary(self) -> dict[str, Any]:
         assert self.session is not None
@@ -304,7 +261,7 @@ class ChatServing:
 
     def _finish(self, status: int | None = None) -> None:
         """Counts the request and writes its trace: runs exactly once, whatever happened."""
-        if getattr(self, "_finished", False):
+        if self._finished:
             return
         self._finished = True
         metrics = self.state.metrics

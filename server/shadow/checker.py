@@ -6,11 +6,13 @@ server/admission/admit.py sets `Admitted.shadow`). Off mode (server/doors/off.py
 other: the client's bytes go to vLLM and vLLM's bytes come back, unchanged and unwaited; the only extra
 is a reference to each chunk it sent, kept (up to FAITHPROXY_SHADOW_MAX_BYTES) in a `ShadowCapture`.
 When the response has ended, `ShadowChecker.submit` takes the capture without waiting for anything, and a
-worker later reads it in its door's wire (server/shadow/wires.py: chat, completions, Responses, Messages)
-and replays it into detect mode's own machine (a DetectMachine, built from detect mode's rules for that
-door: server/chain/verify.py `chain_rules`) through the machine's public interface: the round's events go
-in one word at a time, and every check the machine asks for is answered, by detect mode's own `verify`,
-before the next word is read (`replay`).
+worker later reads it in its door's wire (`Door.shadow_reader`, in each door's module of server/doors/),
+takes the request as detect mode would have run it on that door (`shadow_request`: the door's
+`translate` and `messages`; a request detect mode would refuse there is counted `unreadable`) and
+replays it into detect mode's own machine (a DetectMachine, built from detect mode's rules for that
+door: server/chain/verify.py `chain_rules`, with the door's round wire's reasoning format) through the
+machine's public interface: the round's events go in one word at a time, and every check the machine
+asks for is answered, by detect mode's own `verify`, before the next word is read (`replay`).
 So each step is checked as live detect mode checks it when the judge keeps up with decoding: on its own,
 with the steps before it as context, a second unfaithful step after a flag included. Only detectors that
 need nothing from the live stream make sense here (judge, prompt: FAITHPROXY_SHADOW_DETECTOR).
@@ -32,22 +34,23 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from faithproxy.clients.vllm import CHAT_PATH, COMPLETIONS_PATH
 from faithproxy.faithcore.context import JudgeUsage, RequestView
+from faithproxy.faithcore.errors import PolicyError
 from faithproxy.faithcore.images import images_in_messages, last_user_text
 from faithproxy.server.admission.admit import Admitted
-from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
 from faithproxy.server.observe.metrics import ShadowOutcome, Source
 from faithproxy.server.observe.reports import report
 from faithproxy.server.observe.step_metrics import perception_verdicts
 from faithproxy.server.observe.summary import summarize
 from faithproxy.server.observe.traces import RequestTrace
+from faithproxy.server.protocol.doors import Door
 from faithproxy.server.state import AppState, Capture
 
 if TYPE_CHECKING:  # the machine brings its segmenter (nltk): loaded with the first check, not here
@@ -55,9 +58,8 @@ if TYPE_CHECKING:  # the machine brings its segmenter (nltk): loaded with the fi
 
 log = logging.getLogger("faithproxy.shadow")
 
-# The vLLM endpoints whose wire a check reads (server/shadow/wires.py WIRES): a sampled request of a
-# door that forwards elsewhere keeps no capture and is counted unreadable.
-READABLE_OFF_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH})
+# A word and the whitespace before it: how a replay cuts text (any cut gives the segmenter the same steps).
+_PIECE = re.compile(r"\s*\S+|\s+")
 # Events a replay reads between two turns of the event loop (about a millisecond of the machine's work): the
 # requests being served share the loop with the checks.
 _YIELD_EVERY = 256
@@ -87,6 +89,39 @@ class ShadowCapture:
 
     def data(self) -> bytes:
         return b"".join(self.parts)
+
+
+@dataclass(frozen=True)
+class ShadowRequest:
+    """The request as detect mode would have run it on its door."""
+
+    body: dict[str, Any]  # the chat body (for completions: the client's body)
+    messages: list[dict[str, Any]]  # what detectors and judges read
+
+
+def shadow_request(door: Door, body: dict[str, Any]) -> ShadowRequest | None:
+    """`body` as its door's detect mode would have run it, or None where detect mode refuses it (n > 1, a
+    prompt that is not one string, echo, tools, ...: what the door's `translate` refuses)."""
+    try:
+        chat = door.translate(body, "detect") if door.translate is not None else body
+    except PolicyError:
+        return None
+    if (chat.get("n") or 1) != 1:
+        return None
+    return ShadowRequest(chat, door.messages(chat))
+
+
+def pieces(events: Iterable[Event]) -> Iterator[Event]:
+    """The events with every text delta cut into words (each with the whitespace before it), as a model's
+    tokens would have come: a replay fed one piece at a time completes at most about one step per piece."""
+    from faithproxy.faithcore.correction import Delta
+
+    for event in events:
+        if isinstance(event, Delta):
+            for match in _PIECE.finditer(event.text):
+                yield Delta(event.field, match.group())
+        else:
+            yield event
 
 
 async def replay(machine: ChainMachine, events: Iterable[Event], check: Callable[[Check], Awaitable[Checked]]) -> None:
@@ -173,11 +208,11 @@ class ShadowChecker:
         return cls(state, s.shadow_queue, s.shadow_concurrency, budget, s.shadow_detector)
 
     def capture_for(self, admitted: Admitted) -> ShadowCapture | None:
-        """A capture for a sampled request this checker can read (READABLE_OFF_PATHS), else None."""
+        """A capture for a sampled request this checker can read (its door has a shadow reader), else None."""
         if not admitted.shadow:
             return None
         door = self.state.doors.get(admitted.endpoint)
-        if door is None or door.off_path not in READABLE_OFF_PATHS:
+        if door is None or door.shadow_reader is None:
             return None
         return ShadowCapture(self.state.settings.shadow_max_bytes)
 
@@ -220,17 +255,17 @@ class ShadowChecker:
         # server, and the machine brings its segmenter (nltk), which a server that only passes requests
         # through never needs (38 MiB of idle RSS in the overhead benchmark).
         from faithproxy.faithcore.correction import new_machine
+        from faithproxy.server.chain.session import CHAT_WIRE
         from faithproxy.server.chain.verify import chain_rules, reasoning_format_of, verify
-        from faithproxy.server.shadow.wires import WIRES, pieces
 
         state, admitted = self.state, item.admitted
         detector = state.detectors.get(self.detector)
         if detector is None:
             return ShadowOutcome.FAILED
         door = state.doors.get(admitted.endpoint)
-        wire = WIRES.get(door.off_path) if door is not None else None
-        request = wire.request(door, admitted.body) if wire is not None and door is not None else None
-        events = wire.events(item.capture.data(), admitted.stream) if wire is not None and request else None
+        reader = door.shadow_reader if door is not None else None
+        request = shadow_request(door, admitted.body) if door is not None and reader is not None else None
+        events = reader(item.capture.data(), admitted.stream) if reader is not None and request else None
         item.capture = ShadowCapture(0)  # the bytes are not needed past here
         if request is None or not events:
             return ShadowOutcome.UNREADABLE
@@ -244,7 +279,8 @@ class ShadowChecker:
             images = await state.image_fetcher.fetch_all(images)
         # As the door's detect mode would see it: the reasoning format of the door's round wire, and the
         # rules (batch size, gate) detect mode runs under there.
-        reasoning_format = reasoning_format_of(state.settings, policy, door.serving_class().wire.reasoning_format)
+        wire = door.round_wire or CHAT_WIRE
+        reasoning_format = reasoning_format_of(state.settings, policy, wire.reasoning_format)
         view = RequestView(
             request_id=admitted.request_id,
             model=admitted.body["model"],

@@ -15,7 +15,7 @@ import pytest
 
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.app import create_app
-from faithproxy.server.doors.messages_to_chat import chat_body
+from faithproxy.server.doors.messages import chat_body
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, metric, running_app
 from tests.server.test_openai_responses import Thinking

@@ -30,10 +30,10 @@ from faithproxy.clients.vllm import _parse_chunk
 from faithproxy.faithcore.correction import Rules, new_machine
 from faithproxy.faithcore.correction.wire import ChatChunkReader
 from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamError
-from faithproxy.server.admission.admit import parse_chat_body
 from faithproxy.server.admission.limits import check_body
 from faithproxy.server.admission.policy import RequestPolicy, policy_from_headers
 from faithproxy.server.app import create_app
+from faithproxy.server.doors.chat import parse_chat_body
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, error_body, frames
 

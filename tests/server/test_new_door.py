@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from faithproxy.clients.vllm import CHAT_PATH
-from faithproxy.server.admission.admit import parse_chat_body
 from faithproxy.server.app import create_app
+from faithproxy.server.doors.chat import ChatRenderer, chat_events, parse_chat_body
 from faithproxy.server.doors.table import DOORS
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.settings import Settings
@@ -29,8 +29,9 @@ NEW_DOOR = Door(
     path=PATH,
     api=Api.ANTHROPIC,
     parse=parse_chat_body,
-    serving="faithproxy.server.doors.serving:ChatServing",
+    renderer=ChatRenderer,
     off_path=CHAT_PATH,
+    shadow_reader=chat_events,  # its off mode passes vLLM's chat completions through
     name="checked_chat",
 )
 KEY = "sk-new-door-client-key-0a1b2c3d"

@@ -16,7 +16,7 @@ import pytest
 
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.app import create_app
-from faithproxy.server.doors.responses_to_chat import chat_body
+from faithproxy.server.doors.responses import chat_body
 from faithproxy.server.settings import Settings
 from faithproxy.testing import FakeUpstream, Sentences, metric, running_app
 from faithproxy.testing.answer import Stream

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from faithproxy.server.app import create_app
-from faithproxy.server.doors import serving as responses
+from faithproxy.server.doors import serving
 from faithproxy.server.settings import Settings
 from faithproxy.testing import frames, metric, running_app, threaded_app
 
@@ -222,7 +222,7 @@ async def test_off_by_default_or_by_header_never_reaches_the_full_path(
     async def refuse(self: Any) -> None:
         raise AssertionError("the router's serving object was used")
 
-    monkeypatch.setattr(responses.ChatServing, "respond", refuse)
+    monkeypatch.setattr(serving.DoorServing, "respond", refuse)
     response = await proxy.post(body(True), headers)
     assert response.status_code == 200 and response.content == STREAM
 

@@ -21,12 +21,12 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
 from faithproxy.clients.judges import JudgeConfig
-from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.faithcore.correction import Delta, RoundEnd
 from faithproxy.server.app import create_app
+from faithproxy.server.doors.chat import chat_events
+from faithproxy.server.doors.table import DOORS
 from faithproxy.server.settings import Settings
-from faithproxy.server.shadow.checker import READABLE_OFF_PATHS, ShadowCapture, TokenBucket
-from faithproxy.server.shadow.wires import WIRES
+from faithproxy.server.shadow.checker import ShadowCapture, TokenBucket
 from faithproxy.testing import SENTENCES, FakeUpstream, metric, running_app
 from faithproxy.tinyvlm.processes import free_port
 
@@ -146,10 +146,9 @@ def test_a_capture_past_its_bound_holds_nothing_and_a_replayed_round_drops_usage
     capture.add(b"6789")
     assert capture.overflow and capture.data() == b""
     sse = b'data: {"choices":[{"delta":{"content":"A."}}],"usage":{"total_tokens":9}}\n\ndata: [DONE]\n\n'
-    chat = WIRES[CHAT_PATH]
-    assert chat.events(sse, True) == [Delta("content", "A."), RoundEnd(None, None, None)]
-    assert chat.events(b"not json", False) is None
-    assert set(WIRES) == READABLE_OFF_PATHS  # a capture is kept for exactly the doors a check can read
+    assert chat_events(sse, True) == [Delta("content", "A."), RoundEnd(None, None, None)]
+    assert chat_events(b"not json", False) is None
+    assert all(door.shadow_reader is not None for door in DOORS)  # every door of the product can be checked
 
 
 def test_the_budget_refills_at_its_rate() -> None:

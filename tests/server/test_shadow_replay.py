@@ -26,9 +26,9 @@ from faithproxy.faithcore.correction import (
     new_machine,
 )
 from faithproxy.faithcore.types import Faithfulness, Verdict
-from faithproxy.server.doors.table import MESSAGES_PATH, RESPONSES_PATH
-from faithproxy.server.shadow.checker import replay
-from faithproxy.server.shadow.wires import WIRES, pieces
+from faithproxy.server.doors.messages import messages_events
+from faithproxy.server.doors.responses import responses_events
+from faithproxy.server.shadow.checker import pieces, replay
 
 CHAIN = [
     "The image shows a red circle. ",
@@ -119,9 +119,9 @@ def test_a_responses_or_messages_stream_that_failed_holds_no_chain() -> None:
     delta = b'event: response.reasoning_text.delta\ndata: {"type": "response.reasoning_text.delta", "delta": "A."}\n\n'
     failed = b'event: response.failed\ndata: {"type": "response.failed", "response": {"status": "failed"}}\n\n'
     done = b'event: response.completed\ndata: {"type": "response.completed", "response": {"id": "r"}}\n\n'
-    assert WIRES[RESPONSES_PATH].events(delta + failed, True) is None
-    assert WIRES[RESPONSES_PATH].events(delta + done, True) == [Delta("reasoning", "A."), RoundEnd("stop", None, "r")]
+    assert responses_events(delta + failed, True) is None
+    assert responses_events(delta + done, True) == [Delta("reasoning", "A."), RoundEnd("stop", None, "r")]
     text = b'data: {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "A."}}\n\n'
     error = b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error"}}\n\n'
-    assert WIRES[MESSAGES_PATH].events(text + error, True) is None
-    assert WIRES[MESSAGES_PATH].events(text, True) == [Delta("content", "A."), RoundEnd(None, None, None)]
+    assert messages_events(text + error, True) is None
+    assert messages_events(text, True) == [Delta("content", "A."), RoundEnd(None, None, None)]

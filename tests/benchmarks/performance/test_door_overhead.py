@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 from faithproxy.benchmarks.performance.door_overhead import DOORS, Tally, render, report
-from faithproxy.server.admission.admit import parse_chat_body
 from faithproxy.server.admission.media_parts import media_parts
-from faithproxy.server.doors.bodies import parse_completions_body, parse_messages_body, parse_responses_body
+from faithproxy.server.doors.chat import parse_chat_body
+from faithproxy.server.doors.completions import parse_completions_body
+from faithproxy.server.doors.messages import parse_messages_body
+from faithproxy.server.doors.responses import parse_responses_body
 
 PARSERS = {
     "/v1/chat/completions": parse_chat_body,
