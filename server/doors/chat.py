@@ -139,9 +139,13 @@ class ChatRenderer(Renderer):
             if name in answer.text:
                 message[name] = answer.text[name]
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": answer.finish_reason or "stop"}
+        return self.openai_body("chat.completion", choice, ending)
+
+    def openai_body(self, object_name: str, choice: dict[str, Any], ending: Ending) -> dict[str, Any]:
+        """A whole OpenAI response around its one choice (chat and completions share the envelope)."""
         return {
             "id": self.id,
-            "object": "chat.completion",
+            "object": object_name,
             "created": int(self.reply.started_wall),
             "model": self.reply.model,
             "choices": [choice],

@@ -198,16 +198,7 @@ class CompletionRenderer(ChatRenderer):
     def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
         text = "".join(answer.text.get(name, "") for name in ("reasoning", "reasoning_content", "content"))
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": answer.finish_reason or "stop"}
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": int(self.reply.started_wall),
-            "model": self.reply.model,
-            "choices": [choice],
-            "usage": ending.usage,
-            **ending.judge_usage,
-            "faithfulness": ending.summary,
-        }
+        return self.openai_body("text_completion", choice, ending)
 
 
 DOOR = Door(

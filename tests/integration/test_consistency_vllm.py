@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anthropic
 import pytest
 
 from faithproxy.clients.vllm import VLLMClient
@@ -21,7 +20,7 @@ from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 from faithproxy.testing import metric
 from faithproxy.tinyvlm import fixture_spec as spec
 from tests.integration import test_proxy_vllm as chat_door
-from tests.integration.test_doors_vllm import responses_input
+from tests.integration.test_doors_vllm import ask_messages, responses_input
 from tests.integration.test_proxy_vllm import Stack, request
 
 pytestmark = [pytest.mark.integration]
@@ -87,25 +86,8 @@ async def test_every_door_checks_with_the_generators_samples(stack: Stack, stack
     )
     assert response.model_extra["faithfulness"]["perception_steps"] == 3
 
-    claude = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0)
-    image = spec.data_url("green_circle").split(",", 1)[1]
-    message = await claude.messages.create(
-        model=stack.model,
-        max_tokens=200,
-        extra_body={"temperature": 0.0},  # this SDK version takes no `temperature` argument
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image}},
-                    {"type": "text", "text": spec.get("green_circle").question},
-                ],
-            }
-        ],  # fmt: skip
-        extra_headers=HEADERS,
-    )
+    message = await ask_messages(stack, "green_circle", HEADERS)
     assert message.model_extra["faithfulness"]["perception_steps"] == 3
-    await claude.close()
 
     metrics = await stack.metrics()
     checked = metric(metrics, "faithproxy_steps_total", kind="perception", verdict="faithful", detector="consistency")

@@ -79,6 +79,30 @@ def responses_input(fixture: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": parts}]
 
 
+async def ask_messages(stack: Stack, fixture: str, headers: dict[str, str]) -> Any:
+    """One greedy Messages API call through the anthropic SDK: the fixture's image (base64) and question."""
+    claude = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0)
+    image = spec.data_url(fixture).split(",", 1)[1]
+    try:
+        return await claude.messages.create(
+            model=stack.model,
+            max_tokens=200,
+            extra_body={"temperature": 0.0},  # this SDK version takes no `temperature` argument
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image}},
+                        {"type": "text", "text": spec.get(fixture).question},
+                    ],
+                }
+            ],  # fmt: skip
+            extra_headers=headers,
+        )
+    finally:
+        await claude.close()
+
+
 async def test_responses_door_corrects_like_chat(stack: Stack) -> None:
     """The same seeded request through chat and through the Responses API: the same verified chain, the
     same verdicts; the planted step never reaches the Responses client, streamed or not."""

@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import anthropic
 import pytest
 
 from faithproxy.testing import metric
 from faithproxy.tinyvlm import fixture_spec as spec
 from tests.integration import test_proxy_vllm as chat_door
-from tests.integration.test_doors_vllm import responses_input
+from tests.integration.test_doors_vllm import ask_messages, responses_input
 from tests.integration.test_proxy_vllm import Stack, request
 
 pytestmark = [pytest.mark.integration]
@@ -64,26 +63,9 @@ async def test_each_kind_reaches_its_detector_on_every_door(stack: Stack, stack_
         len(perception(summary)) == 3 and summary["unfaithful_detected"] == 0
     )  # the model's confident error: its samples repeat it
 
-    claude = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0)
-    image = spec.data_url("green_circle").split(",", 1)[1]
-    message = await claude.messages.create(
-        model=stack.model,
-        max_tokens=200,
-        extra_body={"temperature": 0.0},  # this SDK version takes no `temperature` argument
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image}},
-                    {"type": "text", "text": spec.get("green_circle").question},
-                ],
-            }
-        ],  # fmt: skip
-        extra_headers=HEADERS,
-    )
+    message = await ask_messages(stack, "green_circle", HEADERS)
     summary = message.model_extra["faithfulness"]
     assert len(perception(summary)) == 3 and summary["unfaithful_detected"] == 0
-    await claude.close()
 
     for _ in range(100):  # a trace is written as its request ends
         if len(stack.traces()) == 3:
