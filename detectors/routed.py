@@ -157,7 +157,3 @@ class RoutedDetector(Detector):
             for v in verdicts
         ]
         return CheckResult(tuple(done), usage, tuple(features) if read_features else None)
-
-    async def aclose(self) -> None:
-        # the routed detectors are the server's own instances: the server closes them
-        return None
