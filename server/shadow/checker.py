@@ -252,8 +252,9 @@ class ShadowChecker:
 
     async def _check(self, item: _Sampled) -> ShadowOutcome:
         # Loaded with the first check, not with this module: app.py imports the checker into every
-        # server, and the machine brings its segmenter (nltk), which a server that only passes requests
-        # through never needs (38 MiB of idle RSS in the overhead benchmark).
+        # server, and a server that only passes requests through never needs the correction machine.
+        # (nltk itself is loaded at start-up today, through observe/metrics.py resolving every detector:
+        # issue 49's lazy-imports item.)
         from faithproxy.faithcore.correction import new_machine
         from faithproxy.server.chain.session import CHAT_WIRE
         from faithproxy.server.chain.verify import chain_rules, reasoning_format_of, verify
