@@ -109,19 +109,11 @@ async def test_a_bad_threshold_header_is_refused(stack: Stack, stack_settings: A
 async def test_a_shadow_check_votes_with_the_generators_samples(stack: Stack, stack_settings: Any) -> None:
     """An off request, sampled for a shadow check: the client gets vLLM's chain, and the check afterwards
     reads the same three perception steps with the generator's samples."""
-    import asyncio
-
     off = await stack.client.chat.completions.create(
         **request("green_circle", stack.model), extra_headers={"X-Faithproxy-Mode": "off"}
     )
     assert off.choices[0].message.content == spec.chain_text(spec.get("green_circle"))
-    steps = 0.0
-    for _ in range(600):  # the check runs after the response, in the background: wait for its counts
-        metrics = await stack.metrics()
-        steps = metric(metrics, "faithproxy_perception_steps_total", source="shadow")
-        if steps >= 3:
-            break
-        await asyncio.sleep(0.1)
-    assert steps == 3
+    metrics = await stack.shadow_checked(3)  # the check runs after the response, in the background
+    assert metric(metrics, "faithproxy_perception_steps_total", source="shadow") == 3
     assert metric(metrics, "faithproxy_perception_steps_total", source="shadow", verdict="faithful") == 3
     assert metric(metrics, "faithproxy_shadow_requests_total", outcome="checked") == 1

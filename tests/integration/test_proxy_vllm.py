@@ -43,6 +43,16 @@ class Stack:
     def traces(self) -> list[dict[str, Any]]:
         return read_traces(self.trace_path)
 
+    async def shadow_checked(self, steps: int) -> str:
+        """The proxy's metrics once the background shadow check has counted `steps` perception steps
+        (or after 60 s: the caller asserts the count)."""
+        for _ in range(600):
+            text = await self.metrics()
+            if metric(text, "faithproxy_perception_steps_total", source="shadow") >= steps:
+                break
+            await asyncio.sleep(0.1)
+        return text
+
 
 @pytest.fixture
 def stack_settings() -> dict[str, Any]:

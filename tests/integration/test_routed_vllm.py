@@ -102,12 +102,6 @@ async def test_a_shadow_check_routes_too(stack: Stack, stack_settings: Any) -> N
         **request("red_circle", stack.model), extra_headers={"X-Faithproxy-Mode": "off"}
     )
     assert off.choices[0].message.content == spec.chain_text(spec.get("red_circle"))
-    steps = 0.0
-    for _ in range(600):  # the check runs after the response, in the background: wait for its counts
-        metrics = await stack.metrics()
-        steps = metric(metrics, "faithproxy_perception_steps_total", source="shadow")
-        if steps >= 3:
-            break
-        await asyncio.sleep(0.1)
-    assert steps == 3
+    metrics = await stack.shadow_checked(3)  # the check runs after the response, in the background
+    assert metric(metrics, "faithproxy_perception_steps_total", source="shadow") == 3
     assert metric(metrics, "faithproxy_perception_steps_total", source="shadow", verdict="unfaithful") == 1
