@@ -37,8 +37,6 @@ COPY detectors detectors
 COPY regenerators regenerators
 COPY clients clients
 COPY benchmarks benchmarks
-COPY tinyvlm tinyvlm
-COPY shapesworld shapesworld
 COPY flywheel flywheel
 # ".[]" is not a valid requirement: no extras means the plain "." (the server's dependencies only).
 RUN python3 -m venv /opt/venv \

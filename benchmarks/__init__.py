@@ -6,8 +6,11 @@
 - standins/     the local judge that stands in for a real one (an oracle or the ShapesWorld pixels on
                 both wire protocols), used by tests, the demo and the benchmarks (the fake upstream
                 is faithproxy.testing);
-- probes/       probe training and evaluation (`faithproxy probe`, the file the probe detector loads).
+- probes/       probe training and evaluation (`faithproxy probe`, the file the probe detector loads);
+- shapesworld/  the synthetic world with a checkable ground truth, and its trained generator and judge;
+- tinyvlm/      the tiny Qwen2.5-VL models built and trained on the CPU, and their vLLM starter.
 `results/` holds data only: the JSON, Markdown and plots the scripts wrote.
 
-Nothing in the product (faithcore, clients, detectors, regenerators, server) imports this package.
+This is the lab: nothing in the product (faithcore, clients, detectors, regenerators, server, flywheel)
+imports it (tests/test_layers.py).
 """

@@ -431,8 +431,8 @@ async def drive(args: argparse.Namespace, url: str, model: str, samples: Path) -
 def start_vllm(workdir: Path, probe: dict[str, Any] | None) -> Any:
     """vLLM serving the ShapesWorld model; with a probe, under the probe's model name and capturing
     the probe's layers into workdir/hidden-states (the proxy reads and deletes the files)."""
-    from faithproxy.shapesworld.model import WEIGHTS_DIR
-    from faithproxy.tinyvlm import serve
+    from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+    from faithproxy.benchmarks.tinyvlm import serve
 
     if probe is None:
         return serve.start_vllm(WEIGHTS_DIR, log_path=workdir / "vllm.log")
@@ -451,7 +451,7 @@ def start_vllm(workdir: Path, probe: dict[str, Any] | None) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from faithproxy.benchmarks.performance.cpu_per_token import start_pixel_judge
-    from faithproxy.tinyvlm import processes
+    from faithproxy.benchmarks.tinyvlm import processes
 
     workdir = Path(tempfile.mkdtemp(prefix="faithproxy-soak-"))
     probe = json.loads(Path(args.probe).read_text()) if args.probe else None

@@ -1,14 +1,15 @@
 """`faithproxy demo`: the whole system on one CPU machine, as a user would run it.
 
 It lives at the top of the house, beside the command, because it uses every layer: the server, the
-fixture and ShapesWorld models (tinyvlm/, shapesworld/) and a stand-in judge (benchmarks/standins/).
+fixture and ShapesWorld models (benchmarks/tinyvlm/, benchmarks/shapesworld/) and a stand-in judge
+(benchmarks/standins/).
 
 Starts three real processes — vLLM on CPU serving a tiny reasoning VLM, a local judge speaking the
 Anthropic Messages API, and `faithproxy serve` — sends questions with an image through the openai
 SDK, prints each step as it is verified (and corrected), the UPR, and stops everything it started.
 
 Two worlds:
-- `shapesworld` (the default): the committed ShapesWorld model (shapesworld/model/weights) answers
+- `shapesworld` (the default): the committed ShapesWorld model (benchmarks/shapesworld/model/weights) answers
   held-out questions about scenes it has never seen and makes its own perception mistakes; the judge
   reads the image's pixels (`faithproxy.benchmarks.standins.judge_server --shapesworld`). Each step is
   printed with the ground truth next to the proxy's verdict, so what the proxy catches and misses is
@@ -16,7 +17,7 @@ Two worlds:
 - `fixture`: the tinyvlm fixture model with planted mistakes and an oracle judge (built first if
   missing, a few minutes, seeded).
 
-`--format qwen3|glm|plain` shows a reasoning model's own output format instead (tinyvlm/formats_spec.py):
+`--format qwen3|glm|plain` shows a reasoning model's own output format instead (benchmarks/tinyvlm/formats_spec.py):
 the tiny format model served with Qwen3-VL-Thinking's, GLM-4.1V-Thinking's or Qwen2.5-VL's chat template
 and vLLM's reasoning parser for it, the proxy told the format (FAITHPROXY_REASONING_FORMAT), and planted
 mistakes in the thinking and in the answer. Each step is printed with the field it arrived in.
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faithproxy.tinyvlm.processes import supervised
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 
 DEMO_FIXTURES = ("red_circle", "green_circle", "blue_square")
 SHAPESWORLD_QUESTIONS = 5  # held-out items 0..4: one question of each type
@@ -104,22 +105,22 @@ def _delta_text(chunk: Any) -> tuple[str, str]:
 
 
 def _format_questions() -> list[tuple[str, str, str, Any]]:
-    from faithproxy.tinyvlm import fixture_spec as spec
-    from faithproxy.tinyvlm import formats_spec as fs
+    from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+    from faithproxy.benchmarks.tinyvlm import formats_spec as fs
 
     return [(name, spec.get(name).question, spec.data_url(name), None) for name in fs.CHAINS]
 
 
 def _fixture_questions() -> list[tuple[str, str, str, Any]]:
-    from faithproxy.tinyvlm import fixture_spec as spec
+    from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 
     return [(name, spec.get(name).question, spec.data_url(name), None) for name in DEMO_FIXTURES]
 
 
 def _shapesworld_questions(count: int) -> list[tuple[str, str, str, Any]]:
-    from faithproxy.shapesworld.claims import check_sentence
-    from faithproxy.shapesworld.model.evaluate import data_url
-    from faithproxy.shapesworld.model.scoring import heldout_items
+    from faithproxy.benchmarks.shapesworld.claims import check_sentence
+    from faithproxy.benchmarks.shapesworld.model.evaluate import data_url
+    from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
     def truth_of(objects: Any) -> Any:
         return lambda sentence: check_sentence(sentence, objects).faithful
@@ -142,22 +143,29 @@ def run_demo(
 ) -> int:
     from openai import OpenAI
 
-    from faithproxy.tinyvlm import fixture_spec as spec
-    from faithproxy.tinyvlm.processes import Child, ChildStartError, free_port, spawn, stop_all
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+    from faithproxy.benchmarks.tinyvlm.processes import Child, ChildStartError, free_port, spawn, stop_all
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     vllm_args: list[str] = []
     served_name = "fixture-vlm"
     if reasoning_format is not None:
-        from faithproxy.tinyvlm import formats_spec as fs
+        from faithproxy.benchmarks.tinyvlm import formats_spec as fs
 
         family = fs.FAMILIES[reasoning_format]
         formats_dir = Path(os.environ.get("FAITHPROXY_FORMATS_MODEL_DIR", "var/models/formats")).resolve()
         print(f"[demo] format model {family.name}: {formats_dir} (built if missing or stale)", flush=True)
         subprocess.run(
-            [sys.executable, "-m", "faithproxy.tinyvlm.train_formats", "--out", str(formats_dir), "--if-stale"],
+            [
+                sys.executable,
+                "-m",
+                "faithproxy.benchmarks.tinyvlm.train_formats",
+                "--out",
+                str(formats_dir),
+                "--if-stale",
+            ],
             check=True,
         )
         model_dir, served_name, vllm_args = formats_dir / family.name, family.name, family.vllm_args()
@@ -168,7 +176,7 @@ def run_demo(
         asked = _format_questions()
         proxy_env = {"FAITHPROXY_REGENERATION_TEMPERATURE": "0", "FAITHPROXY_REASONING_FORMAT": family.reasoning_format}
     elif world == "shapesworld":
-        from faithproxy.shapesworld.model import WEIGHTS_DIR
+        from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
 
         model_dir = WEIGHTS_DIR.resolve()
         print(f"[demo] ShapesWorld model: {model_dir} (committed weights)", flush=True)
@@ -180,7 +188,14 @@ def run_demo(
         model_dir = Path(os.environ.get("FAITHPROXY_FIXTURE_MODEL_DIR", "var/models/fixture-vlm")).resolve()
         print(f"[demo] fixture model: {model_dir} (built if missing or stale)", flush=True)
         subprocess.run(
-            [sys.executable, "-m", "faithproxy.tinyvlm.train_fixture", "--out", str(model_dir), "--if-stale"],
+            [
+                sys.executable,
+                "-m",
+                "faithproxy.benchmarks.tinyvlm.train_fixture",
+                "--out",
+                str(model_dir),
+                "--if-stale",
+            ],
             check=True,
         )
         oracle = work / "oracle.json"

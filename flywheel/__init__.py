@@ -5,6 +5,7 @@
 
 Modules: `records` (reading what the proxy recorded), `images` (the requests' images, never fetched),
 `pairs` (the TRL rows and their filters), `export_cli`, `data` (pairs as model inputs), `dpo` (the loss
-and the training loop), `train_cli`, and `shapesworld_loop` (the loop measured on ShapesWorld).
+and the training loop) and `train_cli`. The loop measured on ShapesWorld is the lab's
+(benchmarks/evaluation/flywheel_loop.py).
 docs/flywheel.md is the user's page.
 """

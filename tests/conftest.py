@@ -39,7 +39,7 @@ def fixture_model_dir() -> Path:
     model_dir = Path(os.environ.get("FAITHPROXY_FIXTURE_MODEL_DIR", DEFAULT_MODEL_DIR))
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
-        [sys.executable, "-m", "faithproxy.tinyvlm.train_fixture", "--out", str(model_dir), "--if-stale"],
+        [sys.executable, "-m", "faithproxy.benchmarks.tinyvlm.train_fixture", "--out", str(model_dir), "--if-stale"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -54,7 +54,7 @@ def fixture_model_dir() -> Path:
 def vllm_server(fixture_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Real vLLM serving the fixture model on 127.0.0.1: `.base_url`, `.openai_base_url`, `.model`."""
     _require("vllm")
-    from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import VLLMStartError, start_vllm
 
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import free_port
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 
 INSTALL = "bash scripts/install_redis.sh"
 

@@ -21,7 +21,7 @@ README = REPO / "README.md"
 PAGES = [
     README,
     *sorted((REPO / "docs").glob("*.md")),
-    REPO / "shapesworld" / "README.md",
+    REPO / "benchmarks" / "shapesworld" / "README.md",
     REPO / "deploy" / "README.md",
 ]
 # The team's limit for the front page (a longer one is a sign that reference material crept back in).

@@ -2,7 +2,7 @@
 
 Three promises are checked here: the server runs with none of the extras' libraries (every server
 module, every registered detector and regenerator, the app and its lifespan import and start with them
-blocked, and none of benchmarks/, shapesworld/, tinyvlm/, testing/ gets loaded); each folder's
+blocked, and none of benchmarks/, benchmarks/shapesworld/, benchmarks/tinyvlm/, testing/ gets loaded); each folder's
 third-party imports are covered by the base dependencies and the extras meant for it; and a command whose
 extra is missing says which extra to install (faithproxy/cli.py's EXTRAS, kept equal to pyproject.toml).
 """
@@ -33,7 +33,7 @@ PROVIDES = {
     "opentelemetry-sdk": {"opentelemetry"},
     "opentelemetry-exporter-otlp": {"opentelemetry"},
 }
-TOOLS = ("benchmarks", "shapesworld", "tinyvlm", "testing", "flywheel")
+TOOLS = ("benchmarks", "testing", "flywheel")  # the lab (ShapesWorld and tinyvlm inside), the fake, the exporter
 
 
 def _modules(requirements: list[str]) -> set[str]:
@@ -102,10 +102,10 @@ FOLDER_EXTRAS = {
     "regenerators": (),
     "server": (),
     "faithproxy": (),
-    "benchmarks": ("bench", "train"),  # the ShapesWorld bench drives the trained models
-    "shapesworld": ("train",),
-    "tinyvlm": ("train",),
-    "flywheel": ("train", "bench"),  # the ShapesWorld loop drives the ShapesWorld bench
+    "benchmarks": ("bench", "train"),  # the lab: the ShapesWorld bench drives the models it trains
+    "benchmarks/shapesworld": ("train",),
+    "benchmarks/tinyvlm": ("train",),
+    "flywheel": ("train",),
 }
 
 

@@ -1,4 +1,4 @@
-"""Every published figure can be checked: README.md, docs/*.md, shapesworld/README.md and deploy/README.md
+"""Every published figure can be checked: README.md, docs/*.md, benchmarks/shapesworld/README.md and deploy/README.md
 name, for each measured number, the committed result file it comes from, and this test reads it there.
 
 A figure is a link whose target is a result file under benchmarks/results/ with a JSON pointer
@@ -61,7 +61,7 @@ OTHERS: set[str] = set()
 FIGURE_PAGES = [
     REPO / "README.md",
     *sorted((REPO / "docs").glob("*.md")),
-    REPO / "shapesworld" / "README.md",
+    REPO / "benchmarks" / "shapesworld" / "README.md",
     REPO / "deploy" / "README.md",
 ]
 PAGES = [page for page in FIGURE_PAGES if page.name not in OTHERS]

@@ -31,7 +31,7 @@ TIMEOUT_S = 120  # generous: the tests assert what is left running, never how fa
 # STANDIN (fast | loading) then the command's own arguments.
 WITH_STANDIN_VLLM = r"""
 import sys
-from faithproxy.tinyvlm import serve
+from faithproxy.benchmarks.tinyvlm import serve
 
 LOADING = (
     "import subprocess, sys, time; "

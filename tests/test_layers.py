@@ -7,8 +7,9 @@ layer allows.
     regenerators                             faithcore, clients, generic detectors, regenerators
     server                                   faithcore, clients, generic detectors and regenerators, server
     testing (faithproxy.testing)             the product layers above, testing
-    tinyvlm → shapesworld → benchmarks       the product, testing, and the tools below them
-    flywheel                                 as benchmarks, and benchmarks itself (pairs, tuning, the loop)
+    flywheel                                 the product layers above, flywheel (pairs, tuning)
+    the lab, benchmarks/:
+      tinyvlm → shapesworld → benchmarks     the product, testing, flywheel, and the lab's rooms below
     faithproxy (cli.py, demo.py)             the top: assembles the command, may use anything
 
 "Generic" is the plug-in rule: `detectors.<name>` is a specific detector, which regenerators/ and server/
@@ -38,9 +39,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # The folders installed under faithproxy (pyproject.toml's package-dir); faithproxy/ holds the command and
 # faithproxy.testing.
-FOLDERS = (
-    "faithcore", "clients", "detectors", "regenerators", "server", "tinyvlm", "shapesworld", "benchmarks", "flywheel",
-)  # fmt: skip
+FOLDERS = ("faithcore", "clients", "detectors", "regenerators", "server", "flywheel", "benchmarks")
+# The lab's rooms below the rest of benchmarks/: a layer each, named by their folder.
+LAB_ROOMS = {"faithproxy.benchmarks.tinyvlm": "tinyvlm", "faithproxy.benchmarks.shapesworld": "shapesworld"}
+LAYER_FOLDERS = {
+    **{folder: folder for folder in FOLDERS},
+    "tinyvlm": "benchmarks/tinyvlm",
+    "shapesworld": "benchmarks/shapesworld",
+}
 PLUGIN_LAYERS = {"detectors": "detectors/registry.py", "regenerators": "regenerators/registry.py"}
 
 ALL, GENERIC = "all", "generic"  # how much of a layer another layer may reference
@@ -53,11 +59,11 @@ ALLOWED: dict[str, dict[str, str]] = {
     "regenerators": {"faithcore": ALL, "clients": ALL, "detectors": GENERIC, "regenerators": ALL},
     "server": {"faithcore": ALL, "clients": ALL, "detectors": GENERIC, "regenerators": GENERIC, "server": ALL},
     "testing": PRODUCT | {"testing": ALL},
-    "tinyvlm": PRODUCT | {"testing": ALL, "tinyvlm": ALL},
-    "shapesworld": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL},
-    "benchmarks": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL, "benchmarks": ALL},
-    # the flywheel reads what the proxy recorded and drives the ShapesWorld bench to measure a tuned model
-    "flywheel": PRODUCT | {"testing": ALL, "tinyvlm": ALL, "shapesworld": ALL, "benchmarks": ALL, "flywheel": ALL},
+    # the flywheel reads what the proxy recorded as JSON: it needs none of the server
+    "flywheel": PRODUCT | {"flywheel": ALL},
+    "tinyvlm": PRODUCT | {"testing": ALL, "flywheel": ALL, "tinyvlm": ALL},
+    "shapesworld": PRODUCT | {"testing": ALL, "flywheel": ALL, "tinyvlm": ALL, "shapesworld": ALL},
+    "benchmarks": PRODUCT | {"testing": ALL, "flywheel": ALL, "tinyvlm": ALL, "shapesworld": ALL, "benchmarks": ALL},
 }
 ALLOWED["command"] = {layer: ALL for layer in [*ALLOWED, "command"]}
 # The standard library's and the world's I/O, which the pure domain never touches (numpy, nltk are fine).
@@ -83,6 +89,9 @@ def layer_of(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "faithproxy" or len(parts) == 1:
         return None
+    for prefix, room in LAB_ROOMS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return room
     if parts[1] in FOLDERS or parts[1] == "testing":
         return parts[1]
     return "command"  # faithproxy.cli, faithproxy.demo
@@ -211,9 +220,15 @@ def violations(refs: Iterable[Reference], rel: str, module: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("folder", [*FOLDERS, "faithproxy"])
-def test_every_module_references_only_what_its_layer_allows(folder: str) -> None:
-    modules = {name: path for name, path in product_files().items() if path.is_relative_to(REPO / folder)}
+@pytest.mark.parametrize("layer", [*LAYER_FOLDERS, "faithproxy"])
+def test_every_module_references_only_what_its_layer_allows(layer: str) -> None:
+    folder = LAYER_FOLDERS.get(layer, layer)
+    nested = [REPO / inner for inner in LAYER_FOLDERS.values() if inner.startswith(folder + "/")]  # their own layer
+    modules = {
+        name: path
+        for name, path in product_files().items()
+        if path.is_relative_to(REPO / folder) and not any(path.is_relative_to(n) for n in nested)
+    }
     assert modules, f"no Python files under {folder}/"
     problems = [
         problem
@@ -269,7 +284,7 @@ def test_tests_and_scripts_use_the_namespace() -> None:
         ),
         # the tools above the product
         (
-            "'''Renders with faithproxy.shapesworld.scenes.'''\n",
+            "'''Renders with faithproxy.benchmarks.shapesworld.scenes.'''\n",
             "faithproxy.server.chain.reader",
             "may not reference shapesworld",
         ),
@@ -284,7 +299,7 @@ def test_tests_and_scripts_use_the_namespace() -> None:
             "faithproxy.testing.faults",
             "may not reference benchmarks",
         ),
-        ("X = 'faithproxy.tinyvlm.serve'\n", "faithproxy.clients.vllm", "may not reference tinyvlm"),
+        ("X = 'faithproxy.benchmarks.tinyvlm.serve'\n", "faithproxy.clients.vllm", "may not reference tinyvlm"),
         ("from faithproxy.server.app import create_app\n", "faithproxy.detectors.judge", "may not reference server"),
         (
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from faithproxy.cli import main\n",
@@ -302,8 +317,8 @@ def test_tests_and_scripts_use_the_namespace() -> None:
         ("from faithproxy.faithcore.types import Step\n", "faithproxy.clients.vllm", None),
         ("import numpy as np\nimport nltk\n", "faithproxy.faithcore.correction.machine", None),
         ("from faithproxy.server.app import create_app\n", "faithproxy.testing.upstream", None),
-        ("from faithproxy.testing import upstream\n", "faithproxy.tinyvlm.serve", None),
-        ("from faithproxy.shapesworld.scenes import render\n", "faithproxy.benchmarks.evaluation.cli", None),
+        ("from faithproxy.testing import upstream\n", "faithproxy.benchmarks.tinyvlm.serve", None),
+        ("from faithproxy.benchmarks.shapesworld.scenes import render\n", "faithproxy.benchmarks.evaluation.cli", None),
         ("log = 'server.log'\n", "faithproxy.faithcore.types", None),
         ("NAME = 'faithproxy.requests'\n", "faithproxy.faithcore.types", None),  # a logger, not a module
     ],

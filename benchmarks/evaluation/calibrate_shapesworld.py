@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from faithproxy.shapesworld.model.corpus import VALIDATION_SEED
+from faithproxy.benchmarks.shapesworld.model.corpus import VALIDATION_SEED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from faithproxy.benchmarks.evaluation.shapesworld_bench import JUDGE_SERVED_NAME, JUDGE_WEIGHTS_DIR, start_judge
-    from faithproxy.shapesworld.export import image_filename
-    from faithproxy.shapesworld.model.scoring import heldout_items
-    from faithproxy.shapesworld.scenes import png_bytes, render
+    from faithproxy.benchmarks.shapesworld.export import image_filename
+    from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
+    from faithproxy.benchmarks.shapesworld.scenes import png_bytes, render
 
     images = args.workdir / "images"
     images.mkdir(parents=True, exist_ok=True)

@@ -32,12 +32,12 @@ import httpx
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
-from faithproxy.shapesworld.claims import PERCEPTION, SentenceCheck, check_sentence
-from faithproxy.shapesworld.dataset import Item
-from faithproxy.shapesworld.language import parse_claim
-from faithproxy.shapesworld.model import WEIGHTS_DIR
-from faithproxy.shapesworld.model.evaluate import SERVED_NAME
-from faithproxy.shapesworld.model.scoring import heldout_items, reply_sentences
+from faithproxy.benchmarks.shapesworld.claims import PERCEPTION, SentenceCheck, check_sentence
+from faithproxy.benchmarks.shapesworld.dataset import Item
+from faithproxy.benchmarks.shapesworld.language import parse_claim
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items, reply_sentences
 
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -142,7 +142,7 @@ def table(steps: Sequence[dict], reading: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--seed", type=int, default=997, choices=(997, 999), help="a development seed")

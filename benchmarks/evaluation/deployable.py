@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from faithproxy.benchmarks.evaluation.shapesworld_rows import draft_scores, parse_row, row_replies
-from faithproxy.shapesworld.dataset import Item
-from faithproxy.shapesworld.model.scoring import score_reply
+from faithproxy.benchmarks.shapesworld.dataset import Item
+from faithproxy.benchmarks.shapesworld.model.scoring import score_reply
 
 UPR_CUT = 0.6
 PRECISION = 0.6

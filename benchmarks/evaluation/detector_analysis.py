@@ -30,9 +30,9 @@ from typing import Any
 from faithproxy.benchmarks.evaluation.consistency_signal import auroc
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_rows import row_replies, step_type
-from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
-from faithproxy.shapesworld.dataset import Item
-from faithproxy.shapesworld.model.scoring import heldout_items
+from faithproxy.benchmarks.shapesworld.claims import PERCEPTION, check_sentence
+from faithproxy.benchmarks.shapesworld.dataset import Item
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
 ROWS = ("judge:learned", "probe")
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0001)
@@ -134,8 +134,8 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
 
 def main() -> None:
     from faithproxy.benchmarks.evaluation.shapesworld_bench import JUDGE_WEIGHTS_DIR, benchmark
+    from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
     from faithproxy.detectors.probe import Probe
-    from faithproxy.shapesworld.model import WEIGHTS_DIR
 
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--seed", type=int, default=997, choices=(997, 999), help="a development seed")

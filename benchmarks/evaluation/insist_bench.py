@@ -58,8 +58,8 @@ class Flag:
 def flags_of(traces: Iterable[dict[str, Any]], items: Sequence[Any]) -> list[Flag]:
     """The flagged perception drafts of the traces, with their ground truth; a trace whose image is none
     of the items' is an error (the run's --seed/--start/--n were not these)."""
-    from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
-    from faithproxy.shapesworld.export import image_sha256
+    from faithproxy.benchmarks.shapesworld.claims import PERCEPTION, check_sentence
+    from faithproxy.benchmarks.shapesworld.export import image_sha256
 
     by_image = {image_sha256(item.scene): item for item in items}
     out = []
@@ -107,7 +107,7 @@ def steps_of_labelled(records: Iterable[dict[str, Any]], items: Sequence[Any]) -
 
 
 def _image(item: Any) -> str:
-    from faithproxy.shapesworld.export import image_sha256
+    from faithproxy.benchmarks.shapesworld.export import image_sha256
 
     return image_sha256(item.scene)
 
@@ -167,11 +167,11 @@ async def measure(
     flags: Sequence[Flag], items: Sequence[Any], client: VLLMClient, samples: int, concurrency: int
 ) -> list[Flag]:
     """Each flag with the share of its sampled try's rewrites that restate it (`client`: the generator)."""
+    from faithproxy.benchmarks.shapesworld.model.corpus import user_message
+    from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME, data_url
     from faithproxy.faithcore.context import RequestView
     from faithproxy.faithcore.types import Step, StepKind
     from faithproxy.regenerators.reflect import ReflectRegenerator, restated_share
-    from faithproxy.shapesworld.model.corpus import user_message
-    from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
 
     by_id = {item.id: item for item in items}
     gate = asyncio.Semaphore(concurrency)
@@ -255,8 +255,8 @@ def _read(args: argparse.Namespace, items: Sequence[Any]) -> list[Flag]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from faithproxy.shapesworld.model import WEIGHTS_DIR
-    from faithproxy.shapesworld.model.scoring import heldout_items
+    from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+    from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
     if args.samples < 1 or args.n < 1 or args.start < 0 or not 0 <= args.precision <= 1:
         raise SystemExit("--samples and --n must be at least 1, --start at least 0, --precision from 0 to 1")
@@ -266,8 +266,8 @@ def main(args: argparse.Namespace) -> int:
     if args.base_url is not None:
         measured = asyncio.run(_measure_at(flags, items, args.base_url, args))
     else:
-        from faithproxy.shapesworld.model.evaluate import SERVED_NAME
-        from faithproxy.tinyvlm.serve import start_vllm
+        from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME
+        from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
         log = source.with_name("insist-vllm.log")
         with start_vllm(args.model or WEIGHTS_DIR, served_model_name=SERVED_NAME, log_path=log) as server:

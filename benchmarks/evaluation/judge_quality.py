@@ -4,7 +4,7 @@
         --precision 0.2,0.4,0.6,0.8,1.0 --recall 0.4,0.7,1.0 \
         --out benchmarks/results/judge-quality/sweep-997.json
 
-Each grid point is a `NoisyPixelJudge` (shapesworld/pixel_judge.py): the pixel oracle's verdicts with
+Each grid point is a `NoisyPixelJudge` (benchmarks/shapesworld/pixel_judge.py): the pixel oracle's verdicts with
 seeded, per-sentence noise, so that its flags on first drafts have the set precision and recall. One vLLM
 serves every point; the vanilla chains are decoded once and shared. For each point the judge row runs in
 correct mode as `judge:pixels`, and the result records residual-UPR cut, accuracy and regenerations
@@ -29,9 +29,9 @@ from typing import Any
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, SERVED_NAME, VLLM_START_S, run_all
 from faithproxy.benchmarks.evaluation.shapesworld_rows import score_rows
-from faithproxy.shapesworld.model import WEIGHTS_DIR
-from faithproxy.shapesworld.model.scoring import heldout_items
-from faithproxy.shapesworld.pixel_judge import NoisyPixelJudge
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
+from faithproxy.benchmarks.shapesworld.pixel_judge import NoisyPixelJudge
 
 ROW = "judge:pixels"
 
@@ -109,7 +109,7 @@ def place(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--seed", type=int, default=997, choices=(997, 999), help="a development seed")

@@ -27,10 +27,10 @@ from faithproxy.benchmarks.evaluation.consistency_signal import auroc, perceptio
 from faithproxy.benchmarks.evaluation.provenance import load_now, run_record
 from faithproxy.benchmarks.evaluation.shapesworld_bench import DEV_MODE, VLLM_START_S, _body
 from faithproxy.benchmarks.evaluation.shapesworld_rows import step_type
-from faithproxy.shapesworld.dataset import Item
-from faithproxy.shapesworld.model import WEIGHTS_DIR
-from faithproxy.shapesworld.model.evaluate import SERVED_NAME
-from faithproxy.shapesworld.model.scoring import heldout_items
+from faithproxy.benchmarks.shapesworld.dataset import Item
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
 READINGS: dict[str, Callable[[list[float]], float]] = {
     "sum": lambda lps: -sum(lps),
@@ -89,7 +89,7 @@ def curve(scores: list[float], false: list[bool]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--seed", type=int, default=997, choices=(997, 999), help="a development seed")

@@ -9,7 +9,7 @@
 vLLM serves the committed ShapesWorld model (float32, see `tinyvlm.serve`) and faithproxy runs in this
 process in front of it. The rows (`benchmarks/evaluation/shapesworld_rows.py`): `judge:pixels`, the pixel
 judge (`benchmarks.standins.judge_server --shapesworld`, an oracle) over the Anthropic Messages API;
-`judge:learned`, the learned ShapesWorld judge (`shapesworld/model/judge_weights`) served by a second
+`judge:learned`, the learned ShapesWorld judge (`benchmarks/shapesworld/model/judge_weights`) served by a second
 real vLLM and reached through the OpenAI-compatible judge backend, as a deployment reaches
 Qwen2.5-VL-72B; `prompt`; `probe` and `cascade` (probe, then the learned judge), for which a second
 vLLM of the generator is started with the hidden-state capture flags and gets the proxy's captures
@@ -67,19 +67,24 @@ from faithproxy.benchmarks.evaluation.shapesworld_rows import (
     parse_row,
     score_rows,
 )
+from faithproxy.benchmarks.shapesworld.claims import PERCEPTION, check_sentence
+from faithproxy.benchmarks.shapesworld.dataset import Item
+from faithproxy.benchmarks.shapesworld.export import image_sha256
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+from faithproxy.benchmarks.shapesworld.model.corpus import (
+    HELDOUT_SEED,
+    MIN_TRAINING_SEED,
+    VALIDATION_SEED,
+    user_message,
+)
+from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME, data_url
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items, reply_sentences, score_reply
+from faithproxy.benchmarks.shapesworld.pixel_judge import PixelJudge
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
-from faithproxy.shapesworld.claims import PERCEPTION, check_sentence
-from faithproxy.shapesworld.dataset import Item
-from faithproxy.shapesworld.export import image_sha256
-from faithproxy.shapesworld.model import WEIGHTS_DIR
-from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED, user_message
-from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
-from faithproxy.shapesworld.model.scoring import heldout_items, reply_sentences, score_reply
-from faithproxy.shapesworld.pixel_judge import PixelJudge
+from faithproxy.benchmarks.tinyvlm.digest import file_sha256
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 from faithproxy.testing import running_app
-from faithproxy.tinyvlm.digest import file_sha256
-from faithproxy.tinyvlm.processes import supervised
 
 # Scoring and reports live in shapesworld_rows and shapesworld_report; these names stay importable here.
 __all__ = ["chain_scores", "draft_scores", "markdown", "plot", "readme_table", "score_rows"]
@@ -90,7 +95,7 @@ MAX_TOKENS = 160
 JUDGE_WEIGHTS_DIR = WEIGHTS_DIR.parent / "judge_weights"
 JUDGE_SERVED_NAME = "shapesworld-judge"
 # The consistency detector compares ShapesWorld sentences by the claim the world's grammar reads in them.
-WORLD_CLAIMS = "faithproxy.shapesworld.claims:WorldClaims"
+WORLD_CLAIMS = "faithproxy.benchmarks.shapesworld.claims:WorldClaims"
 # The learned judge's replies: a description (when asked), a typing line per checked sentence and the
 # verdict; training scored them at 96 new tokens. The judge's vLLM runs with --max-model-len 2048
 # (tinyvlm.serve), far above its prompts (a few hundred tokens with the image), so 128 always fits.
@@ -351,7 +356,7 @@ DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM offers /reset_prefix_cache (emp
 def start_judge(judge_model: Path, log_path: Path) -> Any:
     """The learned judge's vLLM (a `tinyvlm.serve.VLLMServer`), reporting the cached share of each prompt
     (`usage.prompt_tokens_details.cached_tokens`, which the OpenAI-compatible backend reads)."""
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     return start_vllm(judge_model, extra_args=["--enable-prompt-tokens-details"], served_model_name=JUDGE_SERVED_NAME,
                       log_path=log_path, env=DEV_MODE, health_timeout=VLLM_START_S)  # fmt: skip
@@ -375,9 +380,9 @@ def benchmark(
     cascade: tuple[float, float] | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
     from faithproxy.clients.hidden_states import server_args
     from faithproxy.server.settings import Settings
-    from faithproxy.tinyvlm.serve import start_vllm
 
     rows = [parse_row(name) for name in detectors]
     items = heldout_items(n, seed, start=start)

@@ -32,11 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faithproxy.shapesworld.claims import PERCEPTION, check_sentence, step_type
-from faithproxy.shapesworld.dataset import Item
-from faithproxy.shapesworld.language import Claim, CountClaim, RelationClaim
-from faithproxy.shapesworld.model.scoring import ReplyScore, score_reply
-from faithproxy.shapesworld.world import Ref, WorldObject, count_matching
+from faithproxy.benchmarks.shapesworld.claims import PERCEPTION, check_sentence, step_type
+from faithproxy.benchmarks.shapesworld.dataset import Item
+from faithproxy.benchmarks.shapesworld.language import Claim, CountClaim, RelationClaim
+from faithproxy.benchmarks.shapesworld.model.scoring import ReplyScore, score_reply
+from faithproxy.benchmarks.shapesworld.world import Ref, WorldObject, count_matching
 
 PIXELS = "pixels"  # the pixel judge server (an oracle: it reads the scene exactly)
 LEARNED = "learned"  # the learned ShapesWorld judge, served by vLLM

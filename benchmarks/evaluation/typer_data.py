@@ -4,7 +4,7 @@
   `tune` / `heldout`;
 - `shapesworld`: chains of the ShapesWorld generator, whose kinds are ground truth by construction;
   world seed 0 (the one the tests use) for tuning, seed `SHAPESWORLD_HELDOUT_SEED` held out;
-- `fixture`: the fixture model's chains (tinyvlm/fixture_spec.py), every variant the model is trained on.
+- `fixture`: the fixture model's chains (benchmarks/tinyvlm/fixture_spec.py), every variant the model is trained on.
 
 Every chain's steps are what the proxy's segmenter cuts from the chain's text: `load_hand` refuses a
 chain whose written sentences the segmenter would cut differently, so the typer is scored on real steps.
@@ -101,7 +101,7 @@ def load_hand(split: str, directory: Path = CHAINS_DIR) -> list[LabelledChain]:
 def load_shapesworld(split: str, count: int = 200) -> list[LabelledChain]:
     """`count` ShapesWorld chains, reference and hallucinated alike (kinds do not depend on faithfulness);
     the final answer sentence the model writes after the chain is a reasoning step too."""
-    from faithproxy.shapesworld.dataset import generate_items
+    from faithproxy.benchmarks.shapesworld.dataset import generate_items
 
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}")
@@ -120,7 +120,7 @@ def load_shapesworld(split: str, count: int = 200) -> list[LabelledChain]:
 
 
 def _fixture_chains() -> Iterator[tuple[str, list[tuple[str, str]]]]:
-    from faithproxy.tinyvlm.fixture_spec import FIXTURES, answer_text
+    from faithproxy.benchmarks.tinyvlm.fixture_spec import FIXTURES, answer_text
 
     for fixture in FIXTURES:
         answer = (answer_text(fixture.answer), REASONING)

@@ -39,7 +39,7 @@ from typing import Any
 from faithproxy.benchmarks.performance import overhead_targets as targets
 from faithproxy.benchmarks.performance.overhead import _run_fixed
 from faithproxy.benchmarks.performance.overhead_client import cpu_seconds, make_client, request_body
-from faithproxy.tinyvlm.processes import supervised
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 
 GPU_TOKENS_PER_S = 10_000  # a GPU serving a 7B VLM, order of magnitude (issue 43)
 JUDGE = "bench"

@@ -3,7 +3,7 @@
     .venv/bin/python -m faithproxy.benchmarks.performance.cpu_per_token [--requests 64 --concurrency 8 \\
         --baseline SITE --json out.json]
 
-vLLM (CPU) serves the ShapesWorld model (shapesworld/model/weights; `--model-dir` for another, e.g. the
+vLLM (CPU) serves the ShapesWorld model (benchmarks/shapesworld/model/weights; `--model-dir` for another, e.g. the
 fixture model var/models/fixture-vlm; `--vllm-url` for one already running); the local judge
 (benchmarks/standins/judge_server.py, `--shapesworld`: it reads the image's pixels) runs in its own
 process, and so does each proxy (`faithproxy serve`), so the CPU time of a proxy's process is the
@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.performance.overhead_client import cpu_seconds
-from faithproxy.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm import processes
 
 GOALS_US = {("off", True): 60.0, ("correct", True): 150.0}  # µs of proxy CPU per streamed token
 
@@ -138,8 +138,8 @@ def select(keys: str | None) -> list[Config]:
 
 def questions(count: int) -> list[tuple[str, str]]:
     """(question, image data URL) pairs: ShapesWorld held-out items."""
-    from faithproxy.shapesworld.model.evaluate import data_url
-    from faithproxy.shapesworld.model.scoring import heldout_items
+    from faithproxy.benchmarks.shapesworld.model.evaluate import data_url
+    from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
     return [(item.question.prompt, data_url(item.scene)) for item in heldout_items(count)]
 
@@ -381,11 +381,11 @@ def generator_url(args: argparse.Namespace, workdir: Path, started: list[process
     `started` so that it is stopped with the rest."""
     if args.vllm_url is not None:
         return str(args.vllm_url)
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     model_dir = args.model_dir
     if model_dir is None:
-        from faithproxy.shapesworld.model import WEIGHTS_DIR
+        from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
 
         model_dir = WEIGHTS_DIR
     print(f"starting vLLM ({model_dir}) ...", file=sys.stderr, flush=True)
@@ -472,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--idle-s", type=float, default=10.0, help="seconds of each proxy's idle CPU to measure (0: none)"
     )
-    parser.add_argument("--model-dir", help="default: the ShapesWorld model (shapesworld/model/weights)")
+    parser.add_argument("--model-dir", help="default: the ShapesWorld model (benchmarks/shapesworld/model/weights)")
     parser.add_argument("--vllm-url", help="an already running vLLM (then --model-dir is not used)")
     parser.add_argument(
         "--configs", help="only these, comma-separated: mode/detector[/stream|/non-stream], e.g. off/none/stream"

@@ -35,7 +35,7 @@ import httpx
 
 from faithproxy.benchmarks.performance.cpu_per_token import questions
 from faithproxy.benchmarks.performance.overhead_client import cpu_seconds
-from faithproxy.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm import processes
 
 OFF = {"x-faithproxy-mode": "off"}
 
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--model-dir", help="default: the ShapesWorld model (shapesworld/model/weights)")
+    parser.add_argument("--model-dir", help="default: the ShapesWorld model (benchmarks/shapesworld/model/weights)")
     parser.add_argument("--vllm-url", help="an already running vLLM (then --model-dir is not used)")
     parser.add_argument("--workdir", help="logs (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")

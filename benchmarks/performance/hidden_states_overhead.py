@@ -1,10 +1,10 @@
 """What hidden-state capture costs vLLM: tokens/s of the same requests with and without it.
 
     python -m faithproxy.benchmarks.performance.hidden_states_overhead --model-dir var/models/fixture-vlm --requests 40
-    python -m faithproxy.benchmarks.performance.hidden_states_overhead --model-dir shapesworld/model/weights \\
-        --data shapesworld
+    python -m faithproxy.benchmarks.performance.hidden_states_overhead \\
+        --model-dir benchmarks/shapesworld/model/weights --data shapesworld
 
-Starts one vLLM per configuration (CPU flags of tinyvlm/serve.py, float32), warms them up, then runs
+Starts one vLLM per configuration (CPU flags of benchmarks/tinyvlm/serve.py, float32), warms them up, then runs
 `--rounds` rounds; each round sends the same greedy chat requests (each with its image) to every
 configuration in turn, one at a time and `--concurrency` at a time, so that only one server works at
 any moment and load from elsewhere on the machine weighs on all configurations alike. Prints completion
@@ -38,15 +38,15 @@ from typing import Any
 
 import httpx
 
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 from faithproxy.clients.hidden_states import HiddenStatesClient, default_layers, server_args
 from faithproxy.clients.vllm import VLLMClient, assistant_text_of
 from faithproxy.faithcore.segmenter import segment_text
-from faithproxy.tinyvlm.processes import supervised
 
 
 def requests_for(data: str, n: int, model: str) -> list[dict[str, Any]]:
     if data == "fixture":
-        from faithproxy.tinyvlm import fixture_spec as spec
+        from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 
         messages = [
             [
@@ -61,9 +61,9 @@ def requests_for(data: str, n: int, model: str) -> list[dict[str, Any]]:
             for f in spec.FIXTURES
         ]
     else:
-        from faithproxy.shapesworld.model.corpus import user_message
-        from faithproxy.shapesworld.model.evaluate import data_url
-        from faithproxy.shapesworld.model.scoring import heldout_items
+        from faithproxy.benchmarks.shapesworld.model.corpus import user_message
+        from faithproxy.benchmarks.shapesworld.model.evaluate import data_url
+        from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
         messages = [[user_message(i.question.prompt, data_url(i.scene))] for i in heldout_items(n)]
     return [
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--route2", action="store_true", help="also time a pooling-runner server")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     layers = args.layers or default_layers(int((config.get("text_config") or config)["num_hidden_layers"]))

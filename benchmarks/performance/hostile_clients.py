@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
+from faithproxy.benchmarks.tinyvlm import processes
 from faithproxy.testing.metrics import metric
-from faithproxy.tinyvlm import processes
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"

@@ -45,6 +45,7 @@ from faithproxy.benchmarks.standins.judge_requests import openai_parts
 from faithproxy.benchmarks.standins.judge_server import create_app, running_judge_server
 from faithproxy.benchmarks.standins.oracle import Oracle
 from faithproxy.benchmarks.standins.prompt_cache import IMAGE_TOKENS, PromptCache, vllm_usage
+from faithproxy.benchmarks.tinyvlm import processes
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT
@@ -52,7 +53,6 @@ from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.images import parse_image_url
 from faithproxy.faithcore.types import Step, StepKind
 from faithproxy.testing import Chain, ChainSpec, FakeUpstream, chain_sentences, planted_sentence, running_app
-from faithproxy.tinyvlm import processes
 
 LENGTHS = (20, 50, 150)
 SEED = 7

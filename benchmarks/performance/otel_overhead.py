@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.performance.overhead_client import cpu_seconds
-from faithproxy.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm import processes
 
 COLLECTOR = """
 import sys, uvicorn

@@ -53,8 +53,8 @@ from faithproxy.benchmarks.performance.overhead_client import (
     stream_once,
 )
 from faithproxy.benchmarks.performance.overhead_targets import Target
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 from faithproxy.testing import metric
-from faithproxy.tinyvlm.processes import supervised
 
 GOAL_ADDED_P50_MS = 1.0
 GOAL_LITELLM_FRACTION = 1 / 3

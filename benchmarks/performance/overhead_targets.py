@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from faithproxy.tinyvlm.processes import Child, ChildExited, free_port, spawn
+from faithproxy.benchmarks.tinyvlm.processes import Child, ChildExited, free_port, spawn
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo (benchmarks/performance/ is two levels down)
 LITELLM_BIN = ROOT / ".venv-litellm" / "bin" / "litellm"

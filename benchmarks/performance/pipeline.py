@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import processes
 from faithproxy.testing import running_app
-from faithproxy.tinyvlm import processes
 
 CLEAN = ("green_circle", "yellow_triangle")  # chains with no unfaithful step
 PLANTED = ("red_circle", "square_and_circle")  # one planted step each, fixed in one try
@@ -53,7 +53,7 @@ class Config:
 
 
 def _body(model: str, fixture: str) -> dict[str, Any]:
-    from faithproxy.tinyvlm import fixture_spec as spec
+    from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 
     return {
         "model": model,
@@ -143,8 +143,8 @@ async def _wait_ready(child: processes.Child, url: str, wait_s: float = 60) -> N
 
 
 async def run(vllm_url: str, model: str, rounds: int, judge_latency: float | None) -> dict[str, Any]:
-    from faithproxy.tinyvlm import fixture_spec as spec
-    from faithproxy.tinyvlm.processes import free_port
+    from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+    from faithproxy.benchmarks.tinyvlm.processes import free_port
 
     judge_app = create_judge_app(spec.oracle_json())
     logs = Path(tempfile.mkdtemp(prefix="fp-bench-"))
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     url = args.vllm_url
     if url is None:
-        from faithproxy.tinyvlm.serve import start_vllm
+        from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
         server = start_vllm(args.model_dir)
         url = server.base_url

@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from faithproxy.tinyvlm import fixture_spec as spec
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import Child, free_port
-from faithproxy.tinyvlm.serve import VLLMServer, start_vllm
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import Child, free_port
+from faithproxy.benchmarks.tinyvlm.serve import VLLMServer, start_vllm
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_BINARY = REPO / ".venv-router" / "bin" / "vllm-router"

@@ -36,13 +36,13 @@ import httpx
 
 from faithproxy.benchmarks.performance import replica_stack as rs
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+from faithproxy.benchmarks.tinyvlm.processes import supervised
+from faithproxy.benchmarks.tinyvlm.serve import VLLMServer
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app, threaded_app
-from faithproxy.tinyvlm import fixture_spec as spec
-from faithproxy.tinyvlm.processes import supervised
-from faithproxy.tinyvlm.serve import VLLMServer
 
 DEFAULT_MODEL_DIR = rs.REPO / "var" / "models" / "fixture-vlm"
 

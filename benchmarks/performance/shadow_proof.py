@@ -42,18 +42,18 @@ from typing import Any
 import httpx
 
 from faithproxy.benchmarks.evaluation.shapesworld_bench import MAX_TOKENS
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+from faithproxy.benchmarks.shapesworld.model.corpus import HELDOUT_SEED, VALIDATION_SEED, user_message
+from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME, data_url
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
+from faithproxy.benchmarks.shapesworld.pixel_judge import PixelJudge
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
+from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
-from faithproxy.shapesworld.model import WEIGHTS_DIR
-from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, VALIDATION_SEED, user_message
-from faithproxy.shapesworld.model.evaluate import SERVED_NAME, data_url
-from faithproxy.shapesworld.model.scoring import heldout_items
-from faithproxy.shapesworld.pixel_judge import PixelJudge
 from faithproxy.testing import FakeUpstream, metric, running_app
-from faithproxy.tinyvlm.serve import start_vllm
 
 SEEDS = (VALIDATION_SEED, HELDOUT_SEED)  # the development seeds: never the training ones
 

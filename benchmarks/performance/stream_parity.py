@@ -35,7 +35,7 @@ from faithproxy.benchmarks.performance.cpu_per_token import (
     start_pixel_judge,
     start_proxy,
 )
-from faithproxy.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm import processes
 
 # Keys whose values differ between any two runs: response ids, clocks, and durations.
 _VOLATILE = {"id", "created", "verification_s", "detector_latency_s", "latency_s", "duration_s", "ttft_s"}
@@ -112,8 +112,8 @@ async def compare(proxies: list[Proxy], model: str, count: int, max_tokens: int,
 
 @processes.supervised()  # a signal or a failure stops every server started inside
 def run(args: argparse.Namespace) -> dict[str, list[int]]:
-    from faithproxy.shapesworld.model import WEIGHTS_DIR
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="faithproxy-parity-"))
     for folder in (workdir / "after", workdir / "before"):

@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import threaded_app
-from faithproxy.tinyvlm.serve import start_vllm
 
 DEFAULT_MODEL_DIR = Path("var/models/fixture-vlm")
 CLI = (

@@ -34,7 +34,7 @@ from typing import Any
 from faithproxy.benchmarks.performance import overhead_targets as targets
 from faithproxy.benchmarks.performance.overhead import _run_fixed
 from faithproxy.benchmarks.performance.overhead_client import cpu_seconds, make_client, request_body
-from faithproxy.tinyvlm.processes import supervised
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 
 MODES = {"off": {"x-faithproxy-mode": "off"}, "correct/none": {"x-faithproxy-mode": "correct"}}
 

@@ -1,7 +1,7 @@
 """Probe, judge, prompt and cascade on labelled chains, with features from real vLLM (route 1).
 
     # 1. chains + hidden-state features + judge and self-check verdicts, from a vLLM it starts itself
-    python -m faithproxy.benchmarks.probes.probe_bench collect --model-dir shapesworld/model/weights \\
+    python -m faithproxy.benchmarks.probes.probe_bench collect --model-dir benchmarks/shapesworld/model/weights \\
         --data shapesworld \\
         --n 300 --out var/probe/sw-features.jsonl
     python -m faithproxy.benchmarks.probes.probe_bench collect --model-dir var/models/fixture-vlm --data fixture \\
@@ -15,10 +15,10 @@ Data sets:
   objects) and by the ShapesWorld judge (`detected`, the same claims checked against the objects its
   pixel parser reads from the image — the judge the proxy's tests use). The weights are an argument:
   the ShapesWorld model is retrained from time to time.
-- `shapesworld-labelled`: ShapesWorld's labelled chains (`shapesworld/export.py`'s kind: reference
+- `shapesworld-labelled`: ShapesWorld's labelled chains (`benchmarks/shapesworld/export.py`'s kind: reference
   chains, `--hallucination-rate` of them built on a perturbed belief, so unfaithful steps are rare),
   teacher-forced through the model on held-out scenes; labels as above.
-- `fixture`: the tiny fixture model's chains and their trained rewrites (tinyvlm/fixture_spec.py),
+- `fixture`: the tiny fixture model's chains and their trained rewrites (benchmarks/tinyvlm/fixture_spec.py),
   teacher-forced; labels from the spec (judge = oracle = ground truth). Tiny: a smoke test.
 
 Features are read exactly as the proxy reads them (clients.hidden_states.HiddenStatesClient: one
@@ -49,14 +49,14 @@ from typing import Any
 import numpy as np
 
 from faithproxy.benchmarks.probes import probe_cli
+from faithproxy.benchmarks.shapesworld.model.corpus import HELDOUT_SEED, VALIDATION_SEED
+from faithproxy.benchmarks.tinyvlm.processes import supervised
 from faithproxy.clients.hidden_states import Features, HiddenStatesClient, default_layers, server_args
 from faithproxy.clients.vllm import VLLMClient, assistant_text_of
 from faithproxy.detectors.probe import features_of, parse_recipe
 from faithproxy.detectors.self_check_prompt import build_self_check_prompt, parse_self_check
 from faithproxy.faithcore.errors import UpstreamError
 from faithproxy.faithcore.segmenter import segment_text
-from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, VALIDATION_SEED
-from faithproxy.tinyvlm.processes import supervised
 
 # ---- collect ----------------------------------------------------------------------------------
 
@@ -68,7 +68,7 @@ def check_seed(seed: int, *, for_evaluation: bool) -> str:
     the benchmark's, so its chains are collected only for evaluation (`--for-evaluation`), and seeds from
     `corpus.MIN_TRAINING_SEED` up are the generator's own training scenes, never collected at all.
     """
-    from faithproxy.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED
+    from faithproxy.benchmarks.shapesworld.model.corpus import HELDOUT_SEED, MIN_TRAINING_SEED, VALIDATION_SEED
 
     if seed >= MIN_TRAINING_SEED:
         raise SystemExit(f"seed {seed} draws the generator's training scenes (seeds >= {MIN_TRAINING_SEED}): "
@@ -82,9 +82,9 @@ def check_seed(seed: int, *, for_evaluation: bool) -> str:
 
 
 def _shapesworld_items(n: int, seed: int) -> list[dict[str, Any]]:
-    from faithproxy.shapesworld.model.corpus import user_message
-    from faithproxy.shapesworld.model.evaluate import data_url
-    from faithproxy.shapesworld.model.scoring import heldout_items
+    from faithproxy.benchmarks.shapesworld.model.corpus import user_message
+    from faithproxy.benchmarks.shapesworld.model.evaluate import data_url
+    from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
 
     items = []
     for item in heldout_items(n, seed):
@@ -102,10 +102,10 @@ def _shapesworld_items(n: int, seed: int) -> list[dict[str, Any]]:
 
 def _labelled_items(n: int, rate: float, seed: int) -> list[dict[str, Any]]:
     """ShapesWorld labelled chains (reference chains, a share `rate` with a planted perturbed belief),
-    teacher-forced: the chains of `shapesworld/export.py`, on the scenes of `seed`."""
-    from faithproxy.shapesworld.dataset import generate_items
-    from faithproxy.shapesworld.model.corpus import user_message
-    from faithproxy.shapesworld.model.evaluate import data_url
+    teacher-forced: the chains of `benchmarks/shapesworld/export.py`, on the scenes of `seed`."""
+    from faithproxy.benchmarks.shapesworld.dataset import generate_items
+    from faithproxy.benchmarks.shapesworld.model.corpus import user_message
+    from faithproxy.benchmarks.shapesworld.model.evaluate import data_url
 
     items = []
     for item in generate_items(seed, n, hallucination_rate=rate):
@@ -122,8 +122,8 @@ def _labelled_items(n: int, rate: float, seed: int) -> list[dict[str, Any]]:
 
 
 def _shapesworld_labels(item: Any, sentences: list[str]) -> list[dict[str, Any]]:
-    from faithproxy.shapesworld.claims import PERCEPTION, check_chain, check_chain_image
-    from faithproxy.shapesworld.scenes import render
+    from faithproxy.benchmarks.shapesworld.claims import PERCEPTION, check_chain, check_chain_image
+    from faithproxy.benchmarks.shapesworld.scenes import render
 
     truth = check_chain(sentences, item.scene.objects).sentences
     judge = check_chain_image(render(item.scene), sentences).sentences
@@ -143,7 +143,7 @@ def _shapesworld_labels(item: Any, sentences: list[str]) -> list[dict[str, Any]]
 
 
 def fixture_items() -> list[dict[str, Any]]:
-    from faithproxy.tinyvlm import fixture_spec as spec
+    from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 
     items = []
     for f in spec.FIXTURES:
@@ -310,14 +310,14 @@ async def _collect(
 
 @supervised()  # a signal or a failure stops every server started inside
 def collect(args: argparse.Namespace) -> int:
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     if args.data != "fixture":  # refused before vLLM starts
         check_seed(args.seed, for_evaluation=args.for_evaluation)
     for key in args.recipes:
         parse_recipe(key)
     if args.served_name is None:  # the proxy's probe refuses requests to another model name
-        from faithproxy.shapesworld.model.evaluate import SERVED_NAME
+        from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME
 
         args.served_name = SERVED_NAME if args.data != "fixture" else "probe-bench-vlm"
     config = json.loads((Path(args.model_dir) / "config.json").read_text())

@@ -30,7 +30,7 @@ oracle's (or the pixels') labels.
 test or a benchmark sees batching as requests < sentences_judged.
 
 Verdicts come from an oracle (oracle.py: the unfaithful sentences known in advance, `--oracle FILE`)
-or from the image itself (`--shapesworld`: faithproxy.shapesworld.pixel_judge reads the inline image's
+or from the image itself (`--shapesworld`: faithproxy.benchmarks.shapesworld.pixel_judge reads the inline image's
 pixels; a request without an inline image gets a 400: point the proxy's judge at inline images, or let
 it fetch http images, FAITHPROXY_JUDGE_FETCH_IMAGES). The request is read by judge_requests.py.
 
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=["ok", "500", "429", "garbage", "badjson", "hang"], default="ok")
     args = parser.parse_args(argv)
     if args.shapesworld:  # imported here: reading pixels needs the ShapesWorld libraries (numpy, pillow)
-        from faithproxy.shapesworld.pixel_judge import PixelJudge
+        from faithproxy.benchmarks.shapesworld.pixel_judge import PixelJudge
 
         verdicts: Verdicts | str = PixelJudge()
     else:

@@ -2,7 +2,7 @@
 
 A verdict source has `verdicts(sentences, images) -> (description, kinds, unfaithful)`: an `Oracle`
 (ground truth known in advance, below) or the ShapesWorld pixel judge
-(faithproxy.shapesworld.pixel_judge). `format_reply` writes the judge format of
+(faithproxy.benchmarks.shapesworld.pixel_judge). `format_reply` writes the judge format of
 detectors/judge_prompt.py; `format_evaluation` the whole-chain evaluation format of `faithproxy bench
 judge-upr`.
 

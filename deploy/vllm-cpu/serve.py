@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from faithproxy.tinyvlm.serve import CPU_ENV, SERVED_MODEL_NAME, vllm_command
+from faithproxy.benchmarks.tinyvlm.serve import CPU_ENV, SERVED_MODEL_NAME, vllm_command
 
 
 def main() -> None:

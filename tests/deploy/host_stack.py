@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-from faithproxy.tinyvlm.processes import free_port
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from tests.deploy import assets
 
 LOCAL_THIRD_PARTY = {

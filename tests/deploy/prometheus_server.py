@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import yaml
 
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import free_port
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from tests.deploy import assets
 
 

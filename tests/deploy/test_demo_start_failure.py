@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from faithproxy.benchmarks.tinyvlm.processes import ChildStartError, free_port, spawn
 from faithproxy.demo import start_failure
-from faithproxy.tinyvlm.processes import ChildStartError, free_port, spawn
 
 # What vLLM's engine prints on a machine without libnuma1, in the order it prints it.
 DYING = """

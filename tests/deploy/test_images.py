@@ -16,7 +16,7 @@ import tomllib
 
 import pytest
 
-from faithproxy.tinyvlm.processes import free_port
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from tests.deploy import assets
 from tests.deploy.docker_env import build_images, require_docker
 

@@ -1,7 +1,7 @@
 """The dashboard shows the truth: a real Prometheus, known traffic, every expression evaluated.
 
 Real vLLM serves the fixture model, whose chains carry planted unfaithful perception steps
-(tinyvlm/fixture_spec.py); a local judge knows which; faithproxy runs in-process. Prometheus (Debian's
+(benchmarks/tinyvlm/fixture_spec.py); a local judge knows which; faithproxy runs in-process. Prometheus (Debian's
 binary) runs the repo's config and rules, scraping both every second. After a known mix of requests
 (corrected, failed regeneration, detect mode, self-check, no detector, judge down, off mode) every
 PromQL expression of the dashboard and of the rules goes through Prometheus's HTTP API: each must
@@ -30,13 +30,13 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.clients.vllm import CHAT_PATH
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.kinds import classify_step
 from faithproxy.faithcore.types import StepKind
 from faithproxy.server.app import create_app
 from faithproxy.testing import running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.deploy import assets
 from tests.deploy.assets import quantity
 from tests.deploy.prometheus_server import PrometheusError, PrometheusServer, render_config, start_prometheus

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from faithproxy.tinyvlm import fixture_spec as spec
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from tests.deploy import assets
 from tests.deploy.assets import quantity
 from tests.deploy.docker_env import build_images, require_docker

@@ -31,7 +31,7 @@ def test_words_compare_claims_not_spellings() -> None:
 
 def test_readers_by_name_or_by_class_path() -> None:
     assert isinstance(claim_reader("words"), ContentWords)
-    world = claim_reader("faithproxy.shapesworld.claims:WorldClaims")
+    world = claim_reader("faithproxy.benchmarks.shapesworld.claims:WorldClaims")
     assert world.key("There are three objects in the image.") == world.key("There are 3 objects in the image.")
     with pytest.raises(UnknownName, match="did you mean 'words'"):
         claim_reader("word")

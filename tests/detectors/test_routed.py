@@ -74,7 +74,7 @@ def test_the_words_reader_tells_counts_from_other_claims() -> None:
     words = ContentWords()
     assert [words.kind(t) for t in (COUNT, OTHER, COUNT2, REASON)] == ["count", "object", "count", None]
     assert words.kind("There is no blue circle.") == "count"  # "no" counts; "a" does not
-    world = claim_reader("faithproxy.shapesworld.claims:WorldClaims")
+    world = claim_reader("faithproxy.benchmarks.shapesworld.claims:WorldClaims")
     assert world.kind("There are 3 objects in the image.") == "count"
     assert world.kind("There is a small red square in the top left.") == "object_in_cell"
 

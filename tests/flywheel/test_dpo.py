@@ -15,13 +15,13 @@ import pytest
 torch = pytest.importorskip("torch")
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR  # noqa: E402
+from faithproxy.benchmarks.shapesworld.model.evaluate import data_url  # noqa: E402
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items  # noqa: E402
 from faithproxy.flywheel.data import encode_rows, to_dataset  # noqa: E402
 from faithproxy.flywheel.dpo import TrainConfig, dpo_loss, step_logps, train  # noqa: E402
 from faithproxy.flywheel.pairs import TRAIN, pair_row, write_jsonl  # noqa: E402
 from faithproxy.flywheel.records import Recorded, RecordedStep  # noqa: E402
-from faithproxy.shapesworld.model import WEIGHTS_DIR  # noqa: E402
-from faithproxy.shapesworld.model.evaluate import data_url  # noqa: E402
-from faithproxy.shapesworld.model.scoring import heldout_items  # noqa: E402
 
 
 def test_the_loss_is_dpos_sigmoid_formula() -> None:

@@ -1,5 +1,5 @@
 """Session fixtures of the integration tests beyond tests/conftest.py: the tiny reasoning-format models
-(tinyvlm/train_formats.py), built once into var/models/formats (or $FAITHPROXY_FORMATS_MODEL_DIR) and
+(benchmarks/tinyvlm/train_formats.py), built once into var/models/formats (or $FAITHPROXY_FORMATS_MODEL_DIR) and
 reused while their digest matches."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def formats_model_dir() -> Path:
     out = Path(os.environ.get("FAITHPROXY_FORMATS_MODEL_DIR", DEFAULT_FORMATS_DIR))
     out.parent.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
-        [sys.executable, "-m", "faithproxy.tinyvlm.train_formats", "--out", str(out), "--if-stale"],
+        [sys.executable, "-m", "faithproxy.benchmarks.tinyvlm.train_formats", "--out", str(out), "--if-stale"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from faithproxy.testing import as_annotated
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import free_port
 
 pytestmark = [pytest.mark.integration]
 

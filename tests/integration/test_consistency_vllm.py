@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.detectors.claim_readers import claim_reader
 from faithproxy.detectors.consistency import ConsistencyDetector
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind
 from faithproxy.testing import metric
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.integration import test_proxy_vllm as chat_door
 from tests.integration.test_doors_vllm import ask_messages, responses_input
 from tests.integration.test_proxy_vllm import Stack, request

@@ -19,10 +19,10 @@ import anthropic
 import pytest
 from openai import AsyncOpenAI
 
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.integration import test_proxy_vllm as chat_door
 from tests.integration.test_proxy_vllm import Stack, request
 

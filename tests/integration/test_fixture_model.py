@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from faithproxy.benchmarks.tinyvlm import examples as ex
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.detectors.self_check_prompt import parse_self_check
 from faithproxy.regenerators.prompts import parse_bracketed
-from faithproxy.tinyvlm import examples as ex
-from faithproxy.tinyvlm import fixture_spec as spec
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +226,7 @@ def hf_model(fixture_model_dir: Path) -> tuple[Any, Any]:
 
 def test_prompt_tokens_match_transformers(client: Any, vllm_server: Any, hf_model: tuple[Any, Any]) -> None:
     """vLLM renders and tokenizes each chat exactly as transformers does (image tokens included)."""
-    from faithproxy.tinyvlm.hf_reference import encode_prompt
+    from faithproxy.benchmarks.tinyvlm.hf_reference import encode_prompt
 
     _, processor = hf_model
     for example in ALL_EXAMPLES:
@@ -242,7 +242,7 @@ def test_prompt_tokens_match_transformers(client: Any, vllm_server: Any, hf_mode
 
 @pytest.mark.parametrize("task", ["chain", "regeneration", "continuation", "self_check"])
 def test_vllm_matches_transformers(client: Any, vllm_server: Any, hf_model: tuple[Any, Any], task: str) -> None:
-    from faithproxy.tinyvlm.hf_reference import greedy_reply
+    from faithproxy.benchmarks.tinyvlm.hf_reference import greedy_reply
 
     model, processor = hf_model
     for example in (e for e in ALL_EXAMPLES if e.task == task):

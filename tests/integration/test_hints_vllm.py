@@ -15,10 +15,10 @@ import pytest
 
 from faithproxy.benchmarks.standins.judge_server import HINT_REPLY
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.server.app import create_app
 from faithproxy.server.chain.hints import parse_hint_reply
 from faithproxy.testing import metric, running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.support import local_judge_settings, proxy_metrics, read_traces
 
 pytestmark = [pytest.mark.integration]

@@ -22,6 +22,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.clients.judges import JudgeConfig, build_judge
 from faithproxy.detectors.judge import JudgeDetector
 from faithproxy.faithcore.context import RequestView
@@ -30,7 +31,6 @@ from faithproxy.faithcore.images import parse_image_url
 from faithproxy.faithcore.types import Step, StepKind
 from faithproxy.server.app import create_app
 from faithproxy.testing import metric, running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.support import local_judge_settings, proxy_metrics, read_traces
 
 pytestmark = [pytest.mark.integration]

@@ -25,12 +25,12 @@ import httpx
 import pytest
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import Chain, FakeUpstream, frames, planted_sentence, threaded_app
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import free_port
 from tests.conftest import _require
 from tests.server.test_otel import _label
 
@@ -161,7 +161,7 @@ def test_vllm_span_joins_the_proxy_trace(
     phoenix: str, fixture_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _require("vllm")
-    from faithproxy.tinyvlm.serve import start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import start_vllm
 
     vllm_env = {  # vLLM's own exporter: OTLP/HTTP (its default is gRPC), exported within 0.2 s
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",

@@ -23,11 +23,11 @@ from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.probes import probe_bench, probe_cli
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.clients.hidden_states import HiddenStatesClient, read_hidden_states, server_args
 from faithproxy.clients.vllm import VLLMClient
 from faithproxy.server.app import create_app
 from faithproxy.testing import metric, running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.support import local_judge_settings, proxy_metrics, read_traces
 
 pytestmark = [pytest.mark.integration]
@@ -49,7 +49,7 @@ class CaptureServer:
 def capture_server(fixture_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureServer]:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed in this interpreter")
-    from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
+    from faithproxy.benchmarks.tinyvlm.serve import VLLMStartError, start_vllm
 
     storage = tmp_path_factory.mktemp("hidden-states")
     log = tmp_path_factory.mktemp("vllm-capture") / "vllm.log"
@@ -179,7 +179,7 @@ def _worst_cosine(model_dir: Path, files: list[Path], fixture: str) -> float:
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from faithproxy.tinyvlm.hf_reference import prompt_text
+    from faithproxy.benchmarks.tinyvlm.hf_reference import prompt_text
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(model_dir)

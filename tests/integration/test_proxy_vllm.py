@@ -2,7 +2,7 @@
 
 Local judges speak the Anthropic Messages API (through the real anthropic SDK) and OpenAI chat (through
 the real openai SDK); the real openai SDK is the client. The fixture model emits chains with a planted
-wrong perception step and answers the regeneration prompt (see tinyvlm/fixture_spec.py).
+wrong perception step and answers the regeneration prompt (see benchmarks/tinyvlm/fixture_spec.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
 from faithproxy.testing import metric, running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.support import local_judge_settings, proxy_metrics, read_traces
 
 pytestmark = [pytest.mark.integration]

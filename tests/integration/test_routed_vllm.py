@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.testing import metric
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.integration import test_proxy_vllm as chat_door
 from tests.integration.test_doors_vllm import ask_messages, responses_input
 from tests.integration.test_proxy_vllm import Stack, request

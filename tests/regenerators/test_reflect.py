@@ -1,6 +1,6 @@
 """ReflectRegenerator on a scripted vLLM (httpx.MockTransport): greedy first, then `n` samples per
 sampled try, never handing back the flagged sentence or a rewrite the detector already rejected.
-The same regenerator against real vLLM: tests/shapesworld/test_sw_model_vllm.py."""
+The same regenerator against real vLLM: tests/benchmarks/shapesworld/test_sw_model_vllm.py."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import pytest
 
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
 from faithproxy.benchmarks.standins.judge_server import running_judge_server
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from faithproxy.clients.judges import JudgeConfig
 from faithproxy.faithcore.correction import Delta, RoundEnd
 from faithproxy.server.app import create_app
@@ -28,7 +29,6 @@ from faithproxy.server.doors.table import DOORS
 from faithproxy.server.settings import Settings
 from faithproxy.server.shadow.checker import ShadowCapture, TokenBucket
 from faithproxy.testing import SENTENCES, FakeUpstream, metric, running_app
-from faithproxy.tinyvlm.processes import free_port
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}]}
 STEPS = "faithproxy_perception_steps_total"

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import uvicorn
 
+from faithproxy.benchmarks.tinyvlm.processes import free_port, spawn
 from faithproxy.server.runtime import uvicorn_server
-from faithproxy.tinyvlm.processes import free_port, spawn
 
 
 async def _app(scope: dict, receive: object, send: object) -> None:  # never called: no socket is served

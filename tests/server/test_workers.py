@@ -20,9 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from faithproxy.benchmarks.tinyvlm.processes import free_port, spawn
 from faithproxy.server.observe.traces import TraceWriter
 from faithproxy.testing import FakeUpstream, Sentences, metric, threaded_app
-from faithproxy.tinyvlm.processes import free_port, spawn
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
 REQUESTS = 48

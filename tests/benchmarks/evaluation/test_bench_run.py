@@ -1,7 +1,7 @@
 """`bench run` end to end: an MMVP-layout dataset of the fixture model's questions, through faithproxy in
 front of REAL vLLM (correct mode) and straight to vLLM (vanilla), resumed, scored.
 
-The fixture model (tinyvlm/fixture_spec.py) answers its five questions with known chains: `red_circle`
+The fixture model (benchmarks/tinyvlm/fixture_spec.py) answers its five questions with known chains: `red_circle`
 and `blue_square` carry a planted wrong perception step. Corrected, `red_circle` is fixed (answer A,
 right); `blue_square`'s regeneration fails on purpose (residual step, answer B, wrong). Vanilla both are
 wrong. The MMVP prompt `Question Options: A. x B. y C. z` is exactly the fixture's question text.
@@ -22,9 +22,9 @@ from faithproxy.benchmarks.evaluation import cli as bench_cli
 from faithproxy.benchmarks.evaluation import run as bench_run
 from faithproxy.benchmarks.evaluation.labelled import read_chains
 from faithproxy.benchmarks.standins.judge_server import create_app as create_judge_app
+from faithproxy.benchmarks.tinyvlm import fixture_spec as spec
 from faithproxy.server.app import create_app
 from faithproxy.testing import running_app
-from faithproxy.tinyvlm import fixture_spec as spec
 from tests.support import local_judge_settings
 
 pytestmark = [pytest.mark.integration]

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from faithproxy.benchmarks.evaluation.labelled import read_chains
+from faithproxy.benchmarks.shapesworld.model import WEIGHTS_DIR
 from faithproxy.cli import main
-from faithproxy.shapesworld.model import WEIGHTS_DIR
 
 pytestmark = [
     pytest.mark.integration,
@@ -28,9 +28,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def chains_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from faithproxy.shapesworld.dataset import generate_items
-    from faithproxy.shapesworld.export import write_chains_jsonl
-    from faithproxy.shapesworld.model.scoring import HELDOUT_SEED
+    from faithproxy.benchmarks.shapesworld.dataset import generate_items
+    from faithproxy.benchmarks.shapesworld.export import write_chains_jsonl
+    from faithproxy.benchmarks.shapesworld.model.scoring import HELDOUT_SEED
 
     root = tmp_path_factory.mktemp("sw")
     items = list(generate_items(HELDOUT_SEED, 10, hallucination_rate=0.5, start=2000))
@@ -40,8 +40,8 @@ def chains_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from faithproxy.shapesworld.model.evaluate import SERVED_NAME
-    from faithproxy.tinyvlm.serve import VLLMStartError, start_vllm
+    from faithproxy.benchmarks.shapesworld.model.evaluate import SERVED_NAME
+    from faithproxy.benchmarks.tinyvlm.serve import VLLMStartError, start_vllm
 
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     try:

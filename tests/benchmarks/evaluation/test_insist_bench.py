@@ -20,11 +20,11 @@ from faithproxy.benchmarks.evaluation.insist_bench import (
     stop_rates,
     stop_table,
 )
+from faithproxy.benchmarks.shapesworld.export import image_sha256
+from faithproxy.benchmarks.shapesworld.language import ObjectClaim, render_claim
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
+from faithproxy.benchmarks.shapesworld.world import Ref
 from faithproxy.clients.vllm import VLLMClient
-from faithproxy.shapesworld.export import image_sha256
-from faithproxy.shapesworld.language import ObjectClaim, render_claim
-from faithproxy.shapesworld.model.scoring import heldout_items
-from faithproxy.shapesworld.world import Ref
 
 
 def sentences(item: Any) -> tuple[str, str]:

@@ -16,8 +16,8 @@ from faithproxy.benchmarks.evaluation.labelled import (
     read_chains,
     write_chains,
 )
-from faithproxy.shapesworld.dataset import generate_items
-from faithproxy.shapesworld.export import write_chains_jsonl
+from faithproxy.benchmarks.shapesworld.dataset import generate_items
+from faithproxy.benchmarks.shapesworld.export import write_chains_jsonl
 
 RECORD = {
     "id": "c1",

@@ -201,9 +201,9 @@ def test_unknown_and_unbuildable_detectors_are_refused() -> None:
 
 async def test_judge_replay_with_the_shapesworld_pixel_judge(tmp_path: Path) -> None:
     """Images travel from the labelled file to a judge that reads nothing but the pixels."""
-    from faithproxy.shapesworld.dataset import generate_items
-    from faithproxy.shapesworld.export import write_chains_jsonl
-    from faithproxy.shapesworld.pixel_judge import PixelJudge
+    from faithproxy.benchmarks.shapesworld.dataset import generate_items
+    from faithproxy.benchmarks.shapesworld.export import write_chains_jsonl
+    from faithproxy.benchmarks.shapesworld.pixel_judge import PixelJudge
 
     items = list(generate_items(999, 6, hallucination_rate=0.5, start=3000))
     path = tmp_path / "sw.jsonl"

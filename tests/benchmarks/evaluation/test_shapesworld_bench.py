@@ -1,5 +1,5 @@
 """`faithproxy bench shapesworld`'s rows and scoring on hand-made traces, its README table, and the
-README's copy of it (the end-to-end run through real vLLM is in tests/shapesworld/test_sw_model_vllm.py)."""
+README's copy of it (the end-to-end run through real vLLM is in tests/benchmarks/shapesworld/test_sw_model_vllm.py)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from faithproxy.benchmarks.evaluation.shapesworld_rows import (
     step_type,
     unchecked_steps,
 )
+from faithproxy.benchmarks.shapesworld.language import CountClaim, ObjectClaim, RelationClaim, render_claim
+from faithproxy.benchmarks.shapesworld.model.scoring import heldout_items
+from faithproxy.benchmarks.shapesworld.world import Ref, WorldObject
 from faithproxy.cli import main
-from faithproxy.shapesworld.language import CountClaim, ObjectClaim, RelationClaim, render_claim
-from faithproxy.shapesworld.model.scoring import heldout_items
-from faithproxy.shapesworld.world import Ref, WorldObject
 
 REPO = Path(__file__).resolve().parents[3]
 RESULT = REPO / "benchmarks" / "results" / "shapesworld-all.json"  # the README's table: every row
@@ -73,7 +73,7 @@ def test_rows_without_their_model_or_probe_are_left_out_by_default_and_refused_b
 
 
 def test_the_bench_names_the_trainers_judge_folder() -> None:
-    from faithproxy.shapesworld.model.train_judge import JUDGE_WEIGHTS_DIR
+    from faithproxy.benchmarks.shapesworld.model.train_judge import JUDGE_WEIGHTS_DIR
 
     assert bench.JUDGE_WEIGHTS_DIR == JUDGE_WEIGHTS_DIR
 

@@ -14,12 +14,12 @@ import pytest
 from faithproxy.benchmarks.standins.judge_server import create_app, running_judge_server
 from faithproxy.benchmarks.standins.oracle import Oracle
 from faithproxy.benchmarks.standins.prompt_cache import VLLM_BLOCK, Usage
+from faithproxy.benchmarks.tinyvlm import processes
+from faithproxy.benchmarks.tinyvlm.processes import free_port
 from faithproxy.clients.anthropic_judge import text_blocks
 from faithproxy.clients.judge_base import TextBlock
 from faithproxy.detectors.judge_prompt import build_judge_prompt, build_judge_turn, parse_judge_reply
 from faithproxy.faithcore.types import StepKind
-from faithproxy.tinyvlm import processes
-from faithproxy.tinyvlm.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 120  # bounds a wait that must end by an event; no figure of a test depends on it
