@@ -24,8 +24,7 @@ from typing import Any
 from faithproxy.benchmarks.performance import ceiling, cpu_per_token
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "performance"
-# issue 43's goals, µs of proxy CPU per streamed completion token in front of real vLLM
-GOALS_US = {"off/none stream": 40.0, "correct/judge stream": 120.0, "detect/judge stream": 150.0}
+GOALS_US = cpu_per_token.GOALS_US  # µs of proxy CPU per streamed completion token in front of real vLLM
 CONFIGS = "off/none/stream,correct/none/stream,correct/judge/stream,detect/judge/stream"
 
 
