@@ -26,7 +26,10 @@ figures are not for comparison.
 
 `--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
 <checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after
-in one run.
+in one run. The pair is compared (`comparison`) only when the 1-minute load stayed under `--max-load`
+at the start and the end; the run first waits for it to fall. `--stream-interval N` starts vLLM sending
+N tokens per frame. The judge is the stand-in over the OpenAI protocol unless `--judge-backend
+anthropic`, and the result holds issue 49's goals (`goals`).
 """
 
 from __future__ import annotations
@@ -433,7 +436,9 @@ def generator_url(args: argparse.Namespace, workdir: Path, started: list[process
 
         model_dir = WEIGHTS_DIR
     print(f"starting vLLM ({model_dir}) ...", file=sys.stderr, flush=True)
-    vllm = start_vllm(model_dir, log_path=workdir / "vllm.log")
+    # --stream-interval N: vLLM sends the text of N tokens per frame (1, its default: a frame per token)
+    extra = ["--stream-interval", str(args.stream_interval)] if args.stream_interval != 1 else []
+    vllm = start_vllm(model_dir, extra_args=extra, log_path=workdir / "vllm.log")
     started.append(vllm.child)
     return str(vllm.base_url)
 
@@ -527,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model-dir", help="default: the ShapesWorld model (benchmarks/shapesworld/model/weights)")
     parser.add_argument("--vllm-url", help="an already running vLLM (then --model-dir is not used)")
+    parser.add_argument(
+        "--stream-interval", type=int, default=1, help="vLLM's --stream-interval: tokens per streamed frame"
+    )
     parser.add_argument(
         "--configs", help="only these, comma-separated: mode/detector[/stream|/non-stream], e.g. off/none/stream"
     )
