@@ -19,12 +19,14 @@ from faithproxy.testing import Chain, FakeUpstream, planted_sentence, running_ap
 
 def local_judge_settings(vllm_url: str, judge_url: str, **overrides: Any) -> Settings:
     """Proxy settings with the local judge behind both wire protocols: `claude` (Anthropic Messages,
-    the default) and `qwen` (OpenAI chat). Greedy regeneration: the fixture model is trained for it."""
+    the default) and `qwen` (OpenAI chat). Greedy regeneration: the fixture model is trained for it. The
+    judges' limit is one no loaded machine reaches (vLLM on CPU beside it): a judge call that ran into it
+    would leave its steps unchecked, and a test comparing verdicts would see "unknown"."""
     judges = [
         JudgeConfig(name="claude", backend="anthropic", model="judge", base_url=judge_url, api_key="k1",
-                    timeout_s=5, max_retries=0),
+                    timeout_s=30, max_retries=0),
         JudgeConfig(name="qwen", backend="openai", model="judge", base_url=f"{judge_url}/v1", api_key="k2",
-                    timeout_s=5, max_retries=0, temperature=0.0),
+                    timeout_s=30, max_retries=0, temperature=0.0),
     ]  # fmt: skip
     return Settings(
         upstream_url=vllm_url,

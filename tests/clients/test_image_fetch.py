@@ -41,6 +41,9 @@ PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )
 LOOPBACK = FetchPolicy(allow_networks=("127.0.0.0/8",))  # type: ignore[arg-type]
+# The limit of a call expected to be answered (the judge's, the client's): one no loaded machine reaches; it
+# bounds a hang, it measures nothing.
+ANSWERED_S = 30.0
 
 
 def image_server() -> FastAPI:
@@ -418,7 +421,7 @@ async def stack(tmp_path: Path, fetch_images: bool, **overrides: Any) -> AsyncIt
             model="judge-model",
             base_url=judge_url,
             api_key="sk-test",  # type: ignore[arg-type]
-            timeout_s=5,
+            timeout_s=ANSWERED_S,
             max_retries=0,
             fetch_images=fetch_images,
         )
@@ -440,7 +443,7 @@ async def test_proxy_sends_fetched_bytes_to_a_judge_that_wants_them(
 ) -> None:
     image_url = f"{server[0]}/red.png"
     async with stack(tmp_path, True, image_fetch=LOOPBACK, image_urls="pass") as (url, judge, vllm):
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=ANSWERED_S) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=image_body(image_url))
     assert response.status_code == 200, response.text
     assert judge.last_request["images"] == [{"source": "base64", "media_type": "image/png"}]
@@ -453,7 +456,7 @@ async def test_proxy_sends_fetched_bytes_to_a_judge_that_wants_them(
 async def test_proxy_refuses_before_anything_goes_upstream(server: tuple[str, FastAPI], tmp_path: Path) -> None:
     image_url = f"{server[0]}/red.png"
     async with stack(tmp_path, True, image_urls="pass") as (url, judge, vllm):  # default policy: loopback refused
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=ANSWERED_S) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=image_body(image_url))
             off = await http.post(
                 f"{url}/v1/chat/completions", json=image_body(image_url), headers={"x-faithproxy-mode": "off"}
@@ -469,7 +472,7 @@ async def test_proxy_refuses_before_anything_goes_upstream(server: tuple[str, Fa
 
 async def test_judge_without_fetch_images_gets_the_url(server: tuple[str, FastAPI], tmp_path: Path) -> None:
     async with stack(tmp_path, False, image_urls="pass") as (url, judge, _):
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(timeout=ANSWERED_S) as http:
             response = await http.post(f"{url}/v1/chat/completions", json=image_body(f"{server[0]}/red.png"))
     assert response.status_code == 200
     assert judge.last_request["images"] == [{"source": "url", "media_type": None}]

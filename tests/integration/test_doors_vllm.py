@@ -73,6 +73,29 @@ def chat_verdicts_of(reply: Any) -> list[dict[str, Any]]:
     return list((reply.model_extra or {})["faithfulness"]["steps"])
 
 
+def verdicts(steps: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each step's place, kind and verdicts, as far as they do not depend on how the steps were batched:
+    what two doors serving the same greedy chain must agree on.
+
+    Every perception step reaches the judge, so its verdicts are compared whole. A reasoning step's do
+    depend on its batch (the judge gate, docs/step-typer.md): sent along with a perception step, the judge
+    passes it ("faithful"); in a batch of reasoning steps only it goes to no detector ("unknown", gated).
+    Which batch a step lands in depends on how far the round had read when the previous check came back,
+    so the same chain may batch differently through two doors (red_circle's "The question asks for the
+    colour of the shape." rides with "Red is option A." or goes alone). Each reasoning step must have
+    one of those two outcomes; its place and kind are compared."""
+    out: list[tuple[Any, ...]] = []
+    for s in steps:
+        if s["kind"] == "perception":
+            out.append((s["index"], s["kind"], s["detected"], s["verdict"]))
+            continue
+        judged = (s["detected"], s["verdict"], s.get("unchecked_reason")) == ("faithful", "faithful", None)
+        gated = (s["detected"], s["verdict"], s.get("unchecked_reason")) == ("unknown", "unknown", "gated")
+        assert judged or gated, s
+        out.append((s["index"], s["kind"]))
+    return out
+
+
 def responses_input(fixture: str) -> list[dict[str, Any]]:
     f = spec.get(fixture)
     parts = [{"type": "input_image", "image_url": spec.data_url(fixture)}, {"type": "input_text", "text": f.question}]
@@ -112,9 +135,9 @@ async def test_responses_door_corrects_like_chat(stack: Stack) -> None:
     ask: dict[str, Any] = {"model": stack.model, "input": responses_input("red_circle"), "max_output_tokens": 200}
     whole = await stack.client.responses.create(**ask, temperature=0.0, extra_headers=headers)
     assert whole.output_text == chat.choices[0].message.content == spec.corrected_chain_text(f)
-    verdicts = [(s["index"], s["detected"], s["verdict"]) for s in (whole.model_extra or {})["faithfulness"]["steps"]]
-    chat_verdicts = [(s["index"], s["detected"], s["verdict"]) for s in chat.model_extra["faithfulness"]["steps"]]
-    assert verdicts == chat_verdicts and ("unfaithful" in {d for _, d, _ in verdicts})
+    chat_steps = chat.model_extra["faithfulness"]["steps"]
+    assert verdicts(chat_verdicts_of(whole)) == verdicts(chat_steps)
+    assert [s["index"] for s in chat_steps if s["detected"] == "unfaithful"] == [2]  # the planted step, rewritten
 
     async with stack.client.responses.stream(**ask, temperature=0.0, extra_headers=headers) as stream:
         deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
@@ -156,11 +179,9 @@ async def test_messages_door_corrects_like_chat(stack: Stack) -> None:
     sdk = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="unused", max_retries=0, timeout=120)
     message = await sdk.messages.create(**ask, extra_headers=headers)
     assert message.content[-1].text == chat.choices[0].message.content == spec.corrected_chain_text(f)  # type: ignore[union-attr]
-    steps = (message.model_extra or {})["faithfulness"]["steps"]
     chat_steps = chat.model_extra["faithfulness"]["steps"]
-    assert [(s["index"], s["detected"], s["verdict"]) for s in steps] == [
-        (s["index"], s["detected"], s["verdict"]) for s in chat_steps
-    ]
+    assert verdicts(chat_verdicts_of(message)) == verdicts(chat_steps)
+    assert [s["index"] for s in chat_steps if s["detected"] == "unfaithful"] == [2]  # the planted step, rewritten
     async with sdk.messages.stream(**ask, extra_headers=headers) as stream:
         text = "".join([t async for t in stream.text_stream])
         final = await stream.get_final_message()

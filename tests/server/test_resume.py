@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from faithproxy.server.app import create_app
 from faithproxy.server.settings import Settings
@@ -29,6 +30,10 @@ FULL = "".join(SENTENCES)
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is in the image?"}], "stream": True}
 NONE = {"x-faithproxy-detector": "none"}
 PIECE = 6  # characters per delta: a break falls inside a sentence
+# A call or a silence expected to end gets a limit no loaded machine reaches (it bounds a hang, it measures
+# nothing); only a stall, which never ends by itself, is left to a short idle limit.
+ANSWERED_S = 30.0
+STALL_LIMIT_S = 0.3
 
 
 class BreakingUpstream(FakeUpstream):
@@ -39,6 +44,7 @@ class BreakingUpstream(FakeUpstream):
         super().__init__()
         self.breaks, self.after, self.how = breaks, after, how
         self.streams: list[dict[str, Any]] = []
+        self.on_break: Callable[[], None] = lambda: None  # called as a breaking answer is handed out
 
     def chat(self, body: dict[str, Any]) -> Answer:
         self.streams.append(body)
@@ -48,6 +54,7 @@ class BreakingUpstream(FakeUpstream):
         rest = FULL[len(written) :]
         frames_: list[Step] = [event(delta(rest[i : i + PIECE])) for i in range(0, len(rest), PIECE)]
         if len(self.streams) <= self.breaks:
+            self.on_break()
             return Answer.stream((*frames_[: self.after], Reset() if self.how == "reset" else Stall()))
         last_frame = event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         usage = event(usage_chunk(prompt_tokens=7, completion_tokens=-(-len(rest) // PIECE)))
@@ -57,23 +64,25 @@ class BreakingUpstream(FakeUpstream):
 @contextlib.asynccontextmanager
 async def proxy(
     vllm: FakeUpstream, tmp_path: Path, *, served: bool = False, **settings: Any
-) -> AsyncIterator[tuple[str, Path]]:
+) -> AsyncIterator[tuple[str, Path, FastAPI]]:
     """The proxy in front of `vllm`: in process (MockTransport), or `served` on 127.0.0.1 (uvicorn in its
-    own thread) where the proxy's own HTTP client and its idle limit are what reads it."""
+    own thread) where the proxy's own HTTP client and its idle limit are what reads it. Gives the proxy's
+    URL, its trace file and its app."""
     trace = tmp_path / "t.jsonl"
     with contextlib.ExitStack() as stack:
         upstream_url, transport = "http://vllm.test", vllm.transport()
         if served:
             upstream_url, transport = stack.enter_context(threaded_app(vllm, on_exit=vllm.release)), None
         config = Settings(upstream_url=upstream_url, trace_path=str(trace), **settings)
-        async with running_app(create_app(config, upstream_transport=transport)) as url:
-            yield url, trace
+        app = create_app(config, upstream_transport=transport)
+        async with running_app(app) as url:
+            yield url, trace, app
 
 
 async def post(
     url: str, trace: Path, headers: dict[str, str], body: dict[str, Any] | None = None
 ) -> tuple[httpx.Response, dict[str, Any], str]:
-    async with httpx.AsyncClient(timeout=20) as http:
+    async with httpx.AsyncClient(timeout=ANSWERED_S) as http:
         response = await http.post(f"{url}/v1/chat/completions", json=body or BODY, headers=headers)
         metrics = (await http.get(f"{url}/metrics")).text
     (record,) = [json.loads(line) for line in trace.read_text().splitlines()]  # noqa: ASYNC240 - a small file
@@ -95,7 +104,7 @@ def content_of(response: httpx.Response) -> tuple[str, list[str]]:
 @pytest.mark.parametrize("mode", ["correct", "detect"])
 async def test_a_stream_that_dies_mid_way_is_resumed_and_the_client_sees_one_stream(tmp_path: Path, mode: str) -> None:
     vllm = BreakingUpstream(breaks=1)
-    async with proxy(vllm, tmp_path) as (url, trace):
+    async with proxy(vllm, tmp_path) as (url, trace, _):
         response, record, metrics = await post(url, trace, {**NONE, "x-faithproxy-mode": mode})
     text, errors = content_of(response)
     assert response.status_code == 200 and frames(response.text)[-1] == "[DONE]"
@@ -122,10 +131,15 @@ async def test_a_stream_that_dies_mid_way_is_resumed_and_the_client_sees_one_str
 
 
 async def test_a_stall_past_the_idle_limit_is_resumed(tmp_path: Path) -> None:
-    """The stall never ends by itself, so any idle limit ends it; the same limit also watches the resumed
-    stream, which must pass, so it is one a loaded machine's pauses do not reach (costing the test 2 s)."""
+    """The stall never ends by itself, so a short idle limit ends it. The resumed stream must pass, so its
+    limit is one no loaded machine reaches: the generator reads its idle limit at each call it opens, and
+    the fake raises it as it hands out the stall (before the proxy can open the resuming call). A machine
+    so slow that the short limit cut the stalled call before its first frames changes nothing checked
+    here: that call is cut by the limit all the same, and the resumed one writes the whole chain."""
     vllm = BreakingUpstream(breaks=1, how="stall")
-    async with proxy(vllm, tmp_path, served=True, upstream_stream_idle_timeout_s=2.0) as (url, trace):
+    async with proxy(vllm, tmp_path, served=True, upstream_stream_idle_timeout_s=STALL_LIMIT_S) as (url, trace, app):
+        generator = app.state.faithproxy.generator
+        vllm.on_break = lambda: setattr(generator, "_stream_idle_timeout_s", ANSWERED_S)
         response, record, metrics = await post(url, trace, NONE)
     text, errors = content_of(response)
     assert errors == [] and text == FULL and len(vllm.streams) == 2
@@ -135,7 +149,7 @@ async def test_a_stall_past_the_idle_limit_is_resumed(tmp_path: Path) -> None:
 
 async def test_when_the_attempts_run_out_the_error_frame_ends_the_stream(tmp_path: Path) -> None:
     vllm = BreakingUpstream(breaks=10)
-    async with proxy(vllm, tmp_path, upstream_resume_attempts=2) as (url, trace):
+    async with proxy(vllm, tmp_path, upstream_resume_attempts=2) as (url, trace, _):
         response, record, metrics = await post(url, trace, NONE)
     text, errors = content_of(response)
     assert errors == ["stream_broken"] and frames(response.text)[-1] == "[DONE]"
@@ -149,7 +163,7 @@ async def test_when_the_attempts_run_out_the_error_frame_ends_the_stream(tmp_pat
 
 async def test_off_mode_cannot_resume_bytes_it_forwarded_it_ends_with_the_error_frame(tmp_path: Path) -> None:
     vllm = BreakingUpstream(breaks=1)
-    async with proxy(vllm, tmp_path) as (url, trace):
+    async with proxy(vllm, tmp_path) as (url, trace, _):
         response, record, metrics = await post(url, trace, {"x-faithproxy-mode": "off", "x-session-id": "conv-7"})
     text, errors = content_of(response)
     assert errors == ["stream_broken"] and frames(response.text)[-1] == "[DONE]"
