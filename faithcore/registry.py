@@ -9,6 +9,11 @@ dependencies of the others (the judge backends each import a vendor SDK).
 
 `resolve(name)` imports the target and checks that it is what the table holds; an unknown name raises
 `UnknownName` with the closest known name as a suggestion.
+
+An entry may also carry a copy of what its target declares that callers read without using it (a
+detector's metric labels and per-request options: `Entry.declares`), as it carries the description:
+`declared(name, attr)` answers from the copy, importing nothing, and resolves the target only for an
+entry that declares no such copy. The registry's own tests keep each copy equal to its target's.
 """
 
 from __future__ import annotations
@@ -27,6 +32,16 @@ T = TypeVar("T")
 class Entry:
     target: str  # "package.module:attr", or "package.module" for the module itself
     description: str
+    # (attribute, value) pairs: what the target declares, copied here to be read without importing it
+    # (`Registry.declared`). Pairs, not a dict: an entry stays hashable (a cache may key on entries).
+    declares: tuple[tuple[str, Any], ...] = ()
+
+    def declared(self, attr: str) -> tuple[bool, Any]:
+        """(True, value) when this entry carries a copy of the target's `attr`, else (False, None)."""
+        for name, value in self.declares:
+            if name == attr:
+                return True, value
+        return False, None
 
 
 class UnknownName(KeyError, ValueError):
@@ -90,6 +105,12 @@ class Registry(dict[str, Entry], Generic[T]):
         if not ok:
             raise TypeError(f"{entry.target} is not a {self.base.__name__}")
         return target  # type: ignore[no-any-return]
+
+    def declared(self, name: str, attr: str) -> Any:
+        """The `attr` that the implementation registered as `name` declares: the entry's copy when it
+        carries one (nothing is imported), else the attribute of the resolved target."""
+        has, value = self.entry(name).declared(attr)
+        return value if has else getattr(self.resolve(name), attr)
 
     def listing(self) -> list[tuple[str, str]]:
         """(name, description) per entry, in registration order, for `faithproxy detectors` and the like;

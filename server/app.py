@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -19,9 +19,13 @@ from faithproxy.clients.call_gate import install as install_call_gate
 from faithproxy.clients.image_fetch import ImageFetcher
 from faithproxy.clients.judges import build_judge
 from faithproxy.clients.vllm import VLLMClient
+from faithproxy.detectors.base import Detector
 from faithproxy.detectors.registry import DetectorDeps, build_detectors
+from faithproxy.faithcore.context import Regeneration, RequestView
 from faithproxy.faithcore.errors import FaithproxyError, UpstreamError
-from faithproxy.regenerators.registry import build_regenerator
+from faithproxy.faithcore.types import Step
+from faithproxy.regenerators.base import Regenerator
+from faithproxy.regenerators.registry import REGENERATORS, build_regenerator
 from faithproxy.server.admission.affinity import RoutingKeyMiddleware
 from faithproxy.server.admission.auth import ALWAYS_OPEN, AnthropicKeyHeader, APIKeyMiddleware
 from faithproxy.server.admission.connections import STATE_KEY as CONNECTIONS_STATE
@@ -33,11 +37,10 @@ from faithproxy.server.doors.off import OffModeMiddleware
 from faithproxy.server.doors.routes import door_routes
 from faithproxy.server.doors.schema import install_openapi
 from faithproxy.server.doors.table import DOORS
+from faithproxy.server.observe import otel
 from faithproxy.server.observe.metrics import Metrics
-from faithproxy.server.observe.otel import Telemetry, TracingMiddleware
 from faithproxy.server.observe.report_page import ListedReports
 from faithproxy.server.observe.reports import Reports, ReportStore, SharedReportStore
-from faithproxy.server.observe.reports_redis import RedisReportStore
 from faithproxy.server.observe.traces import TraceWriter
 from faithproxy.server.protocol.doors import DoorTable
 from faithproxy.server.protocol.errors import faithproxy_error_handler, validation_error_handler
@@ -104,9 +107,9 @@ class _Watchers:
             if self.built_metrics:
                 self.built_metrics[0].otel_spans_dropped.inc(spans)
 
-        self.telemetry = Telemetry.from_environment(count_dropped)
+        self.telemetry = otel.from_environment(count_dropped)  # loads OpenTelemetry only when it is on
 
-    def metrics(self, detectors: dict[str, Any], judges: list[str], doors: DoorTable) -> Metrics:
+    def metrics(self, detectors: list[str], judges: list[str], doors: DoorTable) -> Metrics:
         if not self.built_metrics:
             self.built_metrics.append(Metrics(self.registry, detectors, judges=judges, endpoints=doors.paths))
         return self.built_metrics[0]
@@ -148,14 +151,10 @@ def _lifespan(
             hidden = HiddenStatesClient(
                 generator, settings.hidden_states_layers, keep_files=settings.hidden_states_keep_files
             )
-        detectors = build_detectors(_detector_deps(settings, generator, judges, hidden, watch.built_metrics))
-        metrics = watch.metrics(detectors, list(judges), doors)
-        state = AppState(
-            settings=settings,
-            generator=generator,
-            detectors=detectors,
-            judges=list(judges),
-            regenerator=build_regenerator(
+        deps = _detector_deps(settings, generator, judges, hidden, watch.built_metrics)
+
+        def regenerator() -> Regenerator:
+            return build_regenerator(
                 settings.regenerator,
                 generator,
                 temperature=settings.regeneration_temperature,
@@ -163,7 +162,24 @@ def _lifespan(
                 samples=settings.regeneration_samples,
                 insist_share=settings.regeneration_insist_share,
                 claims=settings.consistency_claims,
-            ),
+            )
+
+        detectors: Mapping[str, Detector]
+        if verifies_at_start(settings):
+            detectors, rewriter = build_detectors(deps), regenerator()
+        else:  # built by the first request that is verified (or asks for a detector by name)
+            REGENERATORS.entry(settings.regenerator)  # an unknown name still stops the start; imports nothing
+            detectors = DetectorsOnFirstUse(
+                lambda: build_detectors(deps), lambda names: watch.built_metrics[0].preinit_detectors(names)
+            )
+            rewriter = RegeneratorOnFirstUse(regenerator)
+        metrics = watch.metrics(list(detectors) if isinstance(detectors, dict) else [], list(judges), doors)
+        state = AppState(
+            settings=settings,
+            generator=generator,
+            detectors=detectors,
+            judges=list(judges),
+            regenerator=rewriter,
             metrics=metrics,
             tracer=TraceWriter(settings.trace_path),
             image_fetcher=fetcher,
@@ -189,7 +205,7 @@ def _lifespan(
             # The ASGI lifespan state: uvicorn hands it to each connection (server/admission/connections.py).
             yield {CONNECTIONS_STATE: connection_rules(settings, metrics)}
         finally:
-            for detector in detectors.values():
+            for detector in _built(detectors).values():
                 await detector.aclose()  # the judge detector closes the judge backends it owns
             await generator.aclose()
             if fetcher is not None:
@@ -202,6 +218,67 @@ def _lifespan(
             await trimmer.stop()
 
     return lifespan
+
+
+def verifies_at_start(settings: Settings) -> bool:
+    """Whether the lifespan builds the detectors and the regenerator: a server that verifies by default,
+    has a judge, a probe file or shadow checks. A server in off mode with none of them (off only) loads
+    none of the correction machinery until a request asks for a verified mode or names a detector: its
+    memory at rest is the pass-through's (issue 49). A configuration error that only building finds (a
+    calibration file that does not read) then fails that first request, not the start."""
+    return (
+        settings.default_mode != "off"
+        or bool(settings.judges)
+        or settings.probe_path is not None
+        or settings.shadow_share > 0
+    )
+
+
+class DetectorsOnFirstUse(Mapping[str, Detector]):
+    """The detectors by name, built the first time anything looks at them (`build`), after which
+    `on_built(names)` runs once (their metric series)."""
+
+    def __init__(self, build: Callable[[], dict[str, Detector]], on_built: Callable[[list[str]], None]) -> None:
+        self._build = build
+        self._on_built = on_built
+        self.built: dict[str, Detector] | None = None
+
+    def _detectors(self) -> dict[str, Detector]:
+        if self.built is None:
+            self.built = self._build()
+            self._on_built(list(self.built))
+        return self.built
+
+    def __getitem__(self, name: str) -> Detector:
+        return self._detectors()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._detectors())
+
+    def __len__(self) -> int:
+        return len(self._detectors())
+
+
+class RegeneratorOnFirstUse(Regenerator):
+    """The regenerator, built at its first rewrite (`build`)."""
+
+    name = "on-first-use"
+
+    def __init__(self, build: Callable[[], Regenerator]) -> None:
+        self._build = build
+        self.built: Regenerator | None = None
+
+    async def regenerate(self, view: RequestView, prefix: list[str], bad_step: Step, attempt: int) -> Regeneration:
+        if self.built is None:
+            self.built = self._build()
+        return await self.built.regenerate(view, prefix, bad_step, attempt)
+
+
+def _built(detectors: Mapping[str, Detector]) -> Mapping[str, Detector]:
+    """The detectors built so far (none of a server whose first verified request never came)."""
+    if isinstance(detectors, DetectorsOnFirstUse):
+        return detectors.built or {}
+    return detectors
 
 
 def _detector_deps(
@@ -275,7 +352,7 @@ def _add_middleware(app: FastAPI, settings: Settings, doors: DoorTable, watch: _
     # door's format, logged with the request id and counted (server/runtime/internal_errors.py).
     app.add_middleware(InternalErrorMiddleware, doors=doors)
     if watch.telemetry is not None:  # outermost: every refusal is a traced request too
-        app.add_middleware(TracingMiddleware, telemetry=watch.telemetry)
+        app.add_middleware(otel.TracingMiddleware, telemetry=watch.telemetry)
 
 
 def _call_gate(settings: Settings, built_metrics: list[Metrics]) -> CallGate:
@@ -301,6 +378,8 @@ def _report_store(settings: Settings, built_metrics: list[Metrics]) -> Reports:
         def count_error(operation: str) -> None:
             if built_metrics:
                 built_metrics[0].report_store_errors.labels(operation).inc()
+
+        from faithproxy.server.observe.reports_redis import RedisReportStore  # redis: only when configured
 
         url = settings.reports_url.get_secret_value()
         return RedisReportStore(url, *bounds, timeout_s=settings.reports_timeout_s, on_error=count_error)
@@ -345,7 +424,9 @@ def _on_sighup(reload: Callable[[], object] | None) -> None:
         log.warning("SIGHUP cannot reload the policy file in this event loop; it is read at start only")
 
 
-def _instrument(telemetry: Telemetry | None, generator: VLLMClient, judges: dict[str, Any], settings: Settings) -> None:
+def _instrument(
+    telemetry: otel.Telemetry | None, generator: VLLMClient, judges: dict[str, Any], settings: Settings
+) -> None:
     """CLIENT spans for upstream and judge calls, and traceparent to vLLM, when tracing is on."""
     if telemetry is None:
         return
@@ -361,7 +442,7 @@ def _start_policies(key_policies: KeyPolicies | None, metrics: Metrics) -> None:
         _on_sighup(key_policies.reload)
 
 
-async def _stop_operators_tools(key_policies: KeyPolicies | None, telemetry: Telemetry | None) -> None:
+async def _stop_operators_tools(key_policies: KeyPolicies | None, telemetry: otel.Telemetry | None) -> None:
     """At the lifespan's end: SIGHUP no longer reloads; queued spans are exported."""
     if key_policies is not None:
         _on_sighup(None)

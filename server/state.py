@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Protocol
 
@@ -46,7 +47,9 @@ class ShadowSampler(Protocol):
 class AppState:
     settings: Settings
     generator: VLLMClient
-    detectors: dict[str, Detector]
+    # The built detectors by name; a server that verifies nothing at start builds them (and the
+    # regenerator) at the first request that needs them (server/app.py).
+    detectors: Mapping[str, Detector]
     judges: list[str]
     regenerator: Regenerator
     metrics: Metrics
@@ -79,7 +82,7 @@ class AppState:
         if new:
             self.known_models |= new
             for model in new:
-                self.metrics.preinit_model(model, self.detectors)
+                self.metrics.preinit_model(model)  # for the detectors built so far
 
 
 async def get_state(request: Request) -> AppState:  # async: FastAPI runs a sync dependency in a thread

@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from faithproxy.detectors.registry import DETECTORS, declared_options
@@ -162,6 +161,8 @@ class PolicyBook:
 
 def load_book(path: str) -> PolicyBook:
     """The policy file at `path`, or a PolicyFileError saying what is wrong with it."""
+    import yaml  # here: a server without a policy file never loads it
+
     try:
         with open(path, encoding="utf-8") as handle:
             raw = yaml.safe_load(handle)
@@ -269,7 +270,7 @@ def _check_retries(limits: KeyPolicy, headers: Mapping[str, str], policy: Reques
 
 
 def _check_judge(limits: KeyPolicy, headers: Mapping[str, str], policy: RequestPolicy) -> None:
-    uses_judge = policy.detector in DETECTORS and DETECTORS.resolve(policy.detector).uses_judge
+    uses_judge = policy.detector in DETECTORS and DETECTORS.declared(policy.detector, "uses_judge")
     if policy.judge is not None and (uses_judge or HEADER_JUDGE in headers):
         _check_choice(limits, HEADER_JUDGE, headers, policy.judge, limits.judges)
 

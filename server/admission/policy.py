@@ -254,7 +254,7 @@ def _judge_for_detector(values: Mapping[str, Any]) -> None:
     """A detector that calls a judge needs one (off mode runs no detector)."""
     detector = values["detector"]
     # a name the registry lacks was refused by the detector row already
-    uses_judge = detector in DETECTORS and DETECTORS.resolve(detector).uses_judge
+    uses_judge = detector in DETECTORS and DETECTORS.declared(detector, "uses_judge")
     if values["mode"] != "off" and values["judge"] is None and uses_judge:
         raise PolicyError(
             f"The {detector} detector was requested but this server has no judges configured "

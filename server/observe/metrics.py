@@ -57,7 +57,8 @@ REQUEST_STATUSES = ("2xx", "4xx", "5xx", "disconnected")
 # The error reasons are the error codes: every code an error can carry is a label, pre-initialised.
 UPSTREAM_ERRORS = tuple(code.value for code in UpstreamErrorCode)
 DETECTOR_ERRORS = tuple(code.value for code in DetectorErrorCode)
-# The stages a detector may report a decision for (the cascade: probe, judge), as the detectors declare them.
+# The stages a detector may report a decision for (the cascade: probe, judge), as the detectors declare them:
+# read from the registry's copies of their declarations, so importing this module loads no detector.
 CASCADE_STAGES = decision_stages()
 HINT_OUTCOMES = ("applied", "unusable", "error")
 POLICY_OUTCOMES = ("admitted", "refused")
@@ -401,7 +402,9 @@ class Metrics:
             self.upstream_call_waits.labels(kind)
         self._models: set[str] = set()  # the upstream's models: the only `model` label values but "other"
         self._judges: list[str] = []  # the configured judges, for the series of policies learnt later
-        self._preinit(list(detectors))
+        self._detectors: list[str] = []  # the built detectors, for the series of models learnt later
+        self._preinit()
+        self.preinit_detectors(detectors)
         self.preinit_judges(judges)
         self.preinit_fleet_model(OTHER_MODEL)
 
@@ -430,8 +433,12 @@ class Metrics:
         for kind, name in JUDGE_TOKEN_KINDS.items():
             self.judge_tokens.labels(judge, kind, policy).inc(getattr(call, name))
 
-    def _preinit(self, detectors: list[str]) -> None:
-        for name in detectors:
+    def preinit_detectors(self, detectors: Iterable[str]) -> None:
+        """Create the series of built detectors, and their UPR series for every model known so far: at
+        start, or when a server that verifies nothing at start builds its detectors (server/app.py)."""
+        new = [name for name in detectors if name not in self._detectors]
+        self._detectors += new
+        for name in new:
             self.detector_latency.labels(name)
             self.detector_batch.labels(name)
             for reason in DETECTOR_ERRORS:
@@ -440,6 +447,10 @@ class Metrics:
                 for status in REQUEST_STATUSES:
                     for endpoint in self.endpoints:
                         self.requests.labels(mode, name, status, endpoint)
+            for model in self._models:
+                self._preinit_detector_model(name, model)
+
+    def _preinit(self) -> None:
         for stage in CASCADE_STAGES:
             self.cascade_decisions.labels(stage)
         for outcome in HINT_OUTCOMES:
@@ -476,16 +487,20 @@ class Metrics:
             for outcome in ShadowOutcome:
                 self.shadow_requests.labels(model, endpoint, outcome)
 
-    def preinit_model(self, model: str, detectors: Iterable[str]) -> None:
-        """Create the UPR series for a model once it is known, so both UPR ratios exist at zero."""
+    def preinit_model(self, model: str, detectors: Iterable[str] | None = None) -> None:
+        """Create the UPR series for a model once it is known, so both UPR ratios exist at zero: for
+        `detectors`, or for the detectors built so far (preinit_detectors covers those built later)."""
         self._models.add(model)
         self.preinit_fleet_model(model)
-        for detector in detectors:
-            for kind in KINDS:
-                for verdict in VERDICTS:
-                    self.steps.labels(kind, verdict, detector, model)
-            for reason in RESIDUAL_REASONS:
-                self.residual.labels(detector, model, reason)
-            for reason in UNCHECKED_REASONS:
-                self.unchecked.labels(detector, model, reason)
-            self.gated_steps.labels(detector, model)
+        for detector in self._detectors if detectors is None else detectors:
+            self._preinit_detector_model(detector, model)
+
+    def _preinit_detector_model(self, detector: str, model: str) -> None:
+        for kind in KINDS:
+            for verdict in VERDICTS:
+                self.steps.labels(kind, verdict, detector, model)
+        for reason in RESIDUAL_REASONS:
+            self.residual.labels(detector, model, reason)
+        for reason in UNCHECKED_REASONS:
+            self.unchecked.labels(detector, model, reason)
+        self.gated_steps.labels(detector, model)

@@ -22,6 +22,9 @@ The export never blocks or fails a request: spans go to the SDK's BatchSpanProce
 exported from its own thread; when full, spans are dropped), and an export that fails counts its spans
 in faithproxy_otel_spans_dropped_total. The app owns its TracerProvider (not the global one), so several
 apps in one process keep their traces apart.
+
+OpenTelemetry is imported when tracing is on (`from_environment` makes a Telemetry), never by importing
+this module: a server without OTEL_* variables loads none of it (issue 49; tests/server/test_at_rest.py).
 """
 
 from __future__ import annotations
@@ -30,16 +33,11 @@ import functools
 import json
 import logging
 import os
+import sys
+import types
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faithproxy.clients.vllm import CHAT_PATH
@@ -47,6 +45,7 @@ from faithproxy.faithcore.types import Faithfulness
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
 
     from faithproxy.clients.judge_base import JudgeBackend
     from faithproxy.clients.vllm import UpstreamBody, VLLMClient
@@ -70,6 +69,20 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(exporter or endpoint)
 
 
+@functools.cache
+def _api() -> types.SimpleNamespace:
+    """The OpenTelemetry API names this module uses, imported the first time a span is made."""
+    from opentelemetry import context, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    return types.SimpleNamespace(context=context, trace=trace, SpanKind=SpanKind, Status=Status, StatusCode=StatusCode)
+
+
+def from_environment(on_dropped: Callable[[int], None], environ: Mapping[str, str] = os.environ) -> Telemetry | None:
+    """The app's Telemetry when the OTEL_* variables ask for traces, else None (nothing imported)."""
+    return Telemetry(_exporter(environ), on_dropped) if enabled(environ) else None
+
+
 def _exporter(environ: Mapping[str, str]) -> SpanExporter:
     """The exporter OTEL_TRACES_EXPORTER names (otlp by default), over the protocol the OTLP variables name."""
     if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "console":
@@ -86,52 +99,63 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter:
     return OTLPSpanExporter()
 
 
-class CountingExporter(SpanExporter):
-    """The exporter, with the spans of each failed export counted (`on_dropped(n)`)."""
+@functools.cache
+def _counting() -> tuple[type, type]:
+    """(CountingExporter, CountingBatchProcessor): the SDK's exporter and batch processor with what they
+    drop counted, defined at the first Telemetry (they subclass the SDK's classes)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    def __init__(self, inner: SpanExporter, on_dropped: Callable[[int], None]) -> None:
-        self.inner = inner
-        self.on_dropped = on_dropped
+    class CountingExporter(SpanExporter):
+        """The exporter, with the spans of each failed export counted (`on_dropped(n)`)."""
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:  # noqa: BLE001 - an exporter's bug must not stop the export thread
-            log.exception("span export failed")
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self.on_dropped(len(spans))
-        return result
+        def __init__(self, inner: SpanExporter, on_dropped: Callable[[int], None]) -> None:
+            self.inner = inner
+            self.on_dropped = on_dropped
 
-    def shutdown(self) -> None:
-        self.inner.shutdown()
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            try:
+                result = self.inner.export(spans)
+            except Exception:  # noqa: BLE001 - an exporter's bug must not stop the export thread
+                log.exception("span export failed")
+                result = SpanExportResult.FAILURE
+            if result is not SpanExportResult.SUCCESS:
+                self.on_dropped(len(spans))
+            return result
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+        def shutdown(self) -> None:
+            self.inner.shutdown()
 
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return self.inner.force_flush(timeout_millis)
 
-class CountingBatchProcessor(BatchSpanProcessor):
-    """The SDK's batch processor, with the spans its full queue drops counted (`on_dropped(1)`)."""
+    class CountingBatchProcessor(BatchSpanProcessor):
+        """The SDK's batch processor, with the spans its full queue drops counted (`on_dropped(1)`)."""
 
-    def __init__(self, exporter: SpanExporter, on_dropped: Callable[[int], None]) -> None:
-        super().__init__(exporter)  # the queue's bound, batch size and delay from OTEL_BSP_*
-        self._on_dropped = on_dropped
+        def __init__(self, exporter: SpanExporter, on_dropped: Callable[[int], None]) -> None:
+            super().__init__(exporter)  # the queue's bound, batch size and delay from OTEL_BSP_*
+            self._on_dropped = on_dropped
 
-    def on_end(self, span: ReadableSpan) -> None:
-        batch = getattr(self, "_batch_processor", None)  # the SDK's queue: it drops the oldest when full
-        queue = getattr(batch, "_queue", None)
-        if queue is not None and len(queue) >= getattr(batch, "_max_queue_size", len(queue) + 1):
-            self._on_dropped(1)
-        super().on_end(span)
+        def on_end(self, span: ReadableSpan) -> None:
+            batch = getattr(self, "_batch_processor", None)  # the SDK's queue: it drops the oldest when full
+            queue = getattr(batch, "_queue", None)
+            if queue is not None and len(queue) >= getattr(batch, "_max_queue_size", len(queue) + 1):
+                self._on_dropped(1)
+            super().on_end(span)
+
+    return CountingExporter, CountingBatchProcessor
 
 
 class Telemetry:
     """One app's tracer: its provider, batch processor and exporter."""
 
     def __init__(self, exporter: SpanExporter, on_dropped: Callable[[int], None]) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        counting_exporter, counting_processor = _counting()
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "faithproxy"})
         self.provider = TracerProvider(resource=resource)
-        self.processor = CountingBatchProcessor(CountingExporter(exporter, on_dropped), on_dropped)
+        self.processor = counting_processor(counting_exporter(exporter, on_dropped), on_dropped)
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("faithproxy")
 
@@ -139,7 +163,7 @@ class Telemetry:
     def from_environment(
         cls, on_dropped: Callable[[int], None], environ: Mapping[str, str] = os.environ
     ) -> Telemetry | None:
-        return cls(_exporter(environ), on_dropped) if enabled(environ) else None
+        return from_environment(on_dropped, environ)
 
     def flush(self, timeout_s: float = 2.0) -> None:
         """Exports what is queued, waiting at most `timeout_s` (the server is stopping)."""
@@ -149,8 +173,11 @@ class Telemetry:
         """Each upstream call (first round, rewrite, continuation) becomes a CLIENT span, child of the
         request's span, whose W3C traceparent vLLM receives (so its own spans join the trace); the span
         ends with the response's body and carries the usage and finish reasons of its last chunks."""
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
         open_chat, chat = generator.open_chat, generator.chat
         propagator = TraceContextTextMapPropagator()
+        trace = _api().trace
 
         def headers() -> dict[str, str]:
             carrier: dict[str, str] = {}
@@ -194,11 +221,12 @@ class Telemetry:
             "gen_ai.request.model": model,
             "url.path": path,
         }
-        return self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attributes)
+        return self.tracer.start_span(f"{operation} {model}", kind=_api().SpanKind.CLIENT, attributes=attributes)
 
     def trace_judge(self, judge: JudgeBackend, provider: str) -> None:
         """Each call of `judge` becomes a CLIENT span, child of the request's span."""
         complete = judge.complete
+        client_kind = _api().SpanKind.CLIENT
 
         @functools.wraps(complete)
         async def traced(*args: Any, **kwargs: Any) -> Any:
@@ -209,7 +237,7 @@ class Telemetry:
                 "faithproxy.judge": judge.name,
             }
             with self.tracer.start_as_current_span(
-                f"chat {judge.model}", kind=SpanKind.CLIENT, attributes=attributes
+                f"chat {judge.model}", kind=client_kind, attributes=attributes
             ) as span:
                 result = await complete(*args, **kwargs)
                 span.set_attributes(_judge_usage(result))
@@ -235,6 +263,7 @@ class TracingMiddleware:
     def __init__(self, app: ASGIApp, *, telemetry: Telemetry) -> None:
         self.app = app
         self.tracer = telemetry.tracer
+        self.otel = _api()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(TRACED_PATHS):
@@ -242,20 +271,21 @@ class TracingMiddleware:
             return
         method, path = scope["method"], scope["path"]
         attributes = {"http.request.method": method, "url.path": path, "gen_ai.operation.name": "chat"}
-        span = self.tracer.start_span(f"{method} {path}", kind=SpanKind.SERVER, attributes=attributes)
-        token = otel_context.attach(trace.set_span_in_context(span))
+        otel = self.otel
+        span = self.tracer.start_span(f"{method} {path}", kind=otel.SpanKind.SERVER, attributes=attributes)
+        token = otel.context.attach(otel.trace.set_span_in_context(span))
 
         async def send_and_note(message: Message) -> None:
             if message["type"] == "http.response.start":
                 span.set_attribute("http.response.status_code", message["status"])
                 if message["status"] >= 500:
-                    span.set_status(Status(StatusCode.ERROR))
+                    span.set_status(otel.Status(otel.StatusCode.ERROR))
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            otel_context.detach(token)
+            otel.context.detach(token)
             span.end()
 
 
@@ -270,7 +300,8 @@ def _model_of(content: bytes) -> str:
 
 
 def _fail(span: Any, exc: BaseException) -> None:
-    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    api = _api()
+    span.set_status(api.Status(api.StatusCode.ERROR, type(exc).__name__))
     span.set_attribute("error.type", type(exc).__name__)
     span.end()
 
@@ -330,7 +361,8 @@ class TracedBody:
         if merged:
             _set_reply(self._span, merged)
         if self.status >= 400:
-            self._span.set_status(Status(StatusCode.ERROR))
+            api = _api()
+            self._span.set_status(api.Status(api.StatusCode.ERROR))
         self._span.end()
 
 
@@ -388,8 +420,11 @@ def step_label(step: Step) -> str | None:
 
 def record_request(trace_record: RequestTrace) -> None:
     """The request's attributes and one evaluation event per checked step, on the current span (the
-    request's SERVER span); nothing when no span is recording."""
-    span = trace.get_current_span()
+    request's SERVER span); nothing when no span is recording. Without OpenTelemetry loaded in this
+    process (no OTEL_* variables, nobody else tracing) no span can be recording, and nothing is imported."""
+    if "opentelemetry.trace" not in sys.modules:
+        return
+    span = _api().trace.get_current_span()
     if not span.is_recording():
         return
     admitted = trace_record.admitted

@@ -16,6 +16,7 @@ only answers by id, so each process keeps a bounded index of the reports it put,
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -25,17 +26,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-
 from faithproxy.server.observe.reports import Reports
 
 TEMPLATES = Path(__file__).with_name("templates")
-_env = Environment(
-    loader=FileSystemLoader(TEMPLATES),
-    autoescape=select_autoescape(default=True, default_for_string=True),
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
+
+
+@functools.cache
+def _env() -> Any:
+    """The templates' Jinja2 environment, made (and Jinja2 imported) when a page is first rendered: a
+    server nobody asks for a page never loads it."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    return Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
 
 # The labels a step can carry on the page, the filter's choices on the list.
 LABELS = ("faithful", "unfaithful", "unsure", "fixed", "residual", "unchecked", "gated")
@@ -242,7 +250,7 @@ def matches(row: dict[str, Any], model: str | None, verdict: str | None) -> bool
 
 
 def render_report(view: dict[str, Any], *, list_href: str) -> str:
-    return _env.get_template("report.html").render(r=view, list_href=list_href)
+    return _env().get_template("report.html").render(r=view, list_href=list_href)
 
 
 def render_list(
@@ -260,7 +268,8 @@ def render_list(
     file has no server to filter); `filters` the filters in force (else `model` and `verdict`); `pages`
     the links to the newer and the older page, if any."""
     f = filters or RowFilter(model, verdict)
-    return _env.get_template("reports.html").render(
+    template = _env().get_template("reports.html")
+    return template.render(
         rows=list(rows),
         href=href,
         model=f.model or "",

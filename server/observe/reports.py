@@ -20,7 +20,6 @@ server/observe/reports_redis.py), again with the same bounds; its lookup may fai
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -126,6 +125,8 @@ class SharedReportStore(LocalStore):
         self.max_age_s = max_age_s
         self._clock = clock
         self._lock = threading.Lock()
+        import sqlite3  # here: a server that keeps its reports in memory never loads it
+
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # Autocommit; a writer waits up to 5 s for another's lock instead of failing at once.
         self._db = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)

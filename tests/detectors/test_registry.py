@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import subprocess
+import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -150,3 +153,49 @@ def test_build_detectors_compares_no_names() -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
     ]
     assert compared == []
+
+
+# Header values the copied parsers are tried on: each parser must read them as its detector's does.
+_SAMPLE_VALUES = (
+    "0", "0.5", "1", " 0.25 ", "1.5", "-0", "nan", "", "x", "7", "10", "1000000000000", "1000000000001", "١",
+    "judge", "Cascade", "probe", "count=judge,*=probe", "count=judge", "*=none", "a=judge;*=judge",
+)  # fmt: skip
+
+
+def _option_fields(option: DetectorOption) -> tuple[object, ...]:
+    return tuple(getattr(option, f.name) for f in dataclasses.fields(option) if f.name != "parse")
+
+
+def test_every_entry_carries_its_classs_declarations() -> None:
+    """The copies the server reads without importing a detector (Entry.declares) are its class's own."""
+    for name, entry in DETECTORS.items():
+        cls = resolve(name)
+        assert {attr for attr, _ in entry.declares} == set(registry.DECLARED), name
+        assert entry.declared("decision_stages") == (True, cls.decision_stages), name
+        assert entry.declared("uses_judge") == (True, cls.uses_judge), name
+        _, copied = entry.declared("options")
+        assert [_option_fields(o) for o in copied] == [_option_fields(o) for o in cls.options], name
+        for mine, theirs in zip(copied, cls.options, strict=True):
+            assert [mine.parse(v) for v in _SAMPLE_VALUES] == [theirs.parse(v) for v in _SAMPLE_VALUES], mine.header
+
+
+def test_the_declarations_are_read_without_importing_a_detector() -> None:
+    """What the server reads of the built-in detectors (metric labels, header table, judge use) loads no
+    detector module: a fresh interpreter, so earlier tests' imports do not count."""
+    script = (
+        "import sys\n"
+        "from faithproxy.detectors import registry\n"
+        "registry.declared_options(); registry.decision_stages()\n"
+        "[registry.uses_judge(name) for name in registry.DETECTORS]\n"
+        "specific = {e.target.partition(':')[0] for e in registry.DETECTORS.values()}\n"
+        "print(sorted(specific & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_copied_parser_imports_its_module_when_a_header_is_read() -> None:
+    (routes,) = [o for o in declared_options() if o.key == "routes"]
+    assert isinstance(routes.parse, registry.ImportedParser)
+    assert routes.parse("count=judge,*=probe") == {"count": "judge", "*": "probe"}
+    assert routes.parse("count=judge") is None  # no `*` route
