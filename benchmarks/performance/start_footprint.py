@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_off_mib": {"target": GOAL_PEAK_RSS_OFF_MIB, "value": peak, "met": peak <= GOAL_PEAK_RSS_OFF_MIB},
     }
     report["command"] = " ".join(["python -m faithproxy.benchmarks.performance.start_footprint", *sys.argv[1:]])
-    report["commit"] = _git("rev-parse", "--short", "HEAD")
+    report["commit"] = args.commit or _git("rev-parse", "--short", "HEAD")
     report["baseline_commit"] = args.baseline_commit
     report["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     report["machine"] = {
@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SITE <checkout of the code before>)",
     )
     parser.add_argument("--baseline-commit", help="the commit installed in SITE (recorded only)")
+    parser.add_argument("--commit", help="the commit of this code (recorded; default: the checkout's HEAD)")
     parser.add_argument("--workdir", help="the servers' logs (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")
     return parser

@@ -1,6 +1,6 @@
 """Off mode and the app at rest load only what they use (issue 49): started in off mode with no judge, the
 server has loaded none of the correction machinery (faithcore.correction, the segmenter and nltk, any
-registered detector or regenerator), OpenTelemetry (no OTEL_* variables), Redis (no FAITHPROXY_REPORTS_URL),
+registered detector or regenerator), OpenTelemetry's SDK (no OTEL_* variables), Redis (no FAITHPROXY_REPORTS_URL),
 Jinja2 (no report page asked for) or a judge's SDK (openai, anthropic), before or after serving off
 requests; the first verified request loads what it needs. tests/test_extras.py checks the other side:
 that the server loads no tool code and runs without the extras.
@@ -21,9 +21,11 @@ from faithproxy.detectors.registry import DETECTORS
 from faithproxy.regenerators.registry import REGENERATORS
 
 REPO = Path(__file__).resolve().parents[2]
-# What an off-only server never needs (top-level libraries, and modules of the product).
-LIBRARIES = ("nltk", "numpy", "opentelemetry", "redis", "jinja2", "openai", "anthropic")
+# What an off-only server never needs (top-level libraries, and modules). OpenTelemetry by its SDK: the
+# API alone comes with FastAPI itself where it is installed (FastAPI 0.16x imports it for its own telemetry).
+LIBRARIES = ("nltk", "numpy", "redis", "jinja2", "openai", "anthropic")
 MACHINERY = (
+    "opentelemetry.sdk",
     "faithproxy.faithcore.correction",
     "faithproxy.faithcore.segmenter",
     "faithproxy.server.chain.session",
@@ -110,7 +112,8 @@ def test_off_requests_load_nothing_more_of_it(off_only: dict[str, list[str]]) ->
 def test_the_first_verified_request_loads_the_machinery_it_needs(off_only: dict[str, list[str]]) -> None:
     verified = set(off_only["verified"])
     assert {"faithproxy.faithcore.correction", "faithproxy.detectors.none", "nltk"} <= verified
-    assert not {"opentelemetry", "redis", "jinja2", "openai", "anthropic"} & {m.split(".")[0] for m in verified}
+    assert not {"redis", "jinja2", "openai", "anthropic"} & {m.split(".")[0] for m in verified}
+    assert "opentelemetry.sdk" not in verified
 
 
 def test_detectors_built_on_first_use_get_their_series_then() -> None:
