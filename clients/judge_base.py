@@ -1,14 +1,16 @@
 """What every judge backend shares: its configuration, its result record, and the interface.
 
-A judge is an auxiliary VLM reached through a vendor SDK. Backends only move text and images: they know
-nothing about the judge prompt or its reply format (that is `detectors/judge_prompt.py`). The user turn
-is plain text or a list of `TextBlock`s; a block marked `cache` ends a prefix the caller will send again,
-and each backend uses what its vendor offers for that (an Anthropic `cache_control` breakpoint; an
-OpenAI-compatible server such as vLLM caches prefixes by itself, so the blocks are simply joined).
-Every reply's usage separates fresh, cache-read and cache-written prompt tokens. Every SDK
-failure leaves a backend as a `DetectorError` whose `.code` is a `DetectorErrorCode` (`timeout`,
-`connection`, `status_429`, `status_5xx`, `status_4xx`, `bad_response`, `empty_reply`, `sdk_error`), so
-metrics can label by it and the session can apply the request's on-error policy.
+A judge is an auxiliary VLM reached over HTTP: Claude through the anthropic SDK (`SdkJudge`), an
+OpenAI-compatible server (vLLM) through a lean client of our own (clients/openai_judge.py). Backends
+only move text and images: they know nothing about the judge prompt or its reply format (that is
+`detectors/judge_prompt.py`). The user turn is plain text or a list of `TextBlock`s; a block marked
+`cache` ends a prefix the caller will send again, and each backend uses what its vendor offers for that
+(an Anthropic `cache_control` breakpoint; an OpenAI-compatible server such as vLLM caches prefixes by
+itself, so the blocks are simply joined). Every reply's usage separates fresh, cache-read and
+cache-written prompt tokens. Every failure leaves a backend as a `DetectorError` whose `.code` is a
+`DetectorErrorCode` (`timeout`, `connection`, `status_429`, `status_5xx`, `status_4xx`, `bad_response`,
+`empty_reply`, `sdk_error`), so metrics can label by it and the session can apply the request's on-error
+policy.
 
 Keys are `SecretStr` (or the name of an environment variable holding them) and never reach a repr, a
 log record or an error message.
@@ -41,12 +43,12 @@ class JudgeConfig(BaseModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     backend: Literal["anthropic", "openai"]
     model: str = Field(min_length=1)
-    base_url: str | None = None  # None: the SDK's default endpoint
+    base_url: str | None = None  # None: the vendor's default endpoint (the SDKs' default, or their *_BASE_URL)
     api_key: SecretStr | None = None
     api_key_env: str | None = None  # name of an environment variable holding the key
-    timeout_s: float = Field(default=60.0, gt=0)  # per attempt: connect, read, write and pool each
+    timeout_s: float = Field(default=60.0, gt=0)  # per attempt: the connect, and each wait for the reply's bytes
     max_tokens: int = Field(default=1024, ge=16)
-    max_retries: int = Field(default=1, ge=0, le=10)  # the SDK's own retries (429, 5xx, timeouts)
+    max_retries: int = Field(default=1, ge=0, le=10)  # after a timeout, lost connection, 408, 409, 429 or 5xx
     # None: not sent, the model's default (some recent models accept nothing else); 0.0 for vLLM judges
     temperature: float | None = None
     # True: http(s) images are fetched by the proxy (under FAITHPROXY_IMAGE_FETCH__*, see
@@ -136,7 +138,7 @@ class JudgeResult:
 class JudgeBackend(abc.ABC):
     """Sends one (system, user text, images) turn to a judge model and returns the reply text.
 
-    One SDK client (one connection pool) per backend, created in the constructor and reused for every
+    One client (one connection pool) per backend, created in the constructor and reused for every
     call; `aclose()` releases it.
     """
 
@@ -171,6 +173,24 @@ def judge_error(name: str, code: DetectorErrorCode, detail: str) -> DetectorErro
     return DetectorError(f"judge {name} failed ({code}): {detail}", code=code)
 
 
+def judge_result(
+    name: str, started: float, text: str, counts: TokenCounts, tokens: tuple[TokenChoice, ...] | None = None
+) -> JudgeResult:
+    """The result of a call begun at `started` (perf_counter) whose reply was read; a reply with no text
+    is an `empty_reply` failure."""
+    if not text.strip():
+        raise judge_error(name, DetectorErrorCode.EMPTY_REPLY, "the reply has no text")
+    return JudgeResult(
+        text,
+        counts.input_tokens,
+        counts.output_tokens,
+        time.perf_counter() - started,
+        cached_input_tokens=counts.cached_input_tokens,
+        cache_creation_tokens=counts.cache_creation_tokens,
+        tokens=tokens,
+    )
+
+
 def status_code_reason(status: int) -> DetectorErrorCode:
     """Reason code of an HTTP error status: 429 (rate limited) on its own, the other 4xx and the 5xx as
     two classes; the number itself goes into the message."""
@@ -181,7 +201,8 @@ def status_code_reason(status: int) -> DetectorErrorCode:
 
 @dataclass(frozen=True)
 class SdkErrorClasses:
-    """The exception classes of one vendor SDK; the anthropic and openai SDKs share this shape."""
+    """The exception classes of one vendor SDK (Stainless-generated SDKs, the anthropic one among them,
+    share this shape)."""
 
     base: type[Exception]
     timeout: type[Exception]
@@ -191,7 +212,7 @@ class SdkErrorClasses:
 
     @classmethod
     def of(cls, sdk: ModuleType, base: type[Exception]) -> SdkErrorClasses:
-        """The classes of `sdk`: both SDKs are generated alike and name them the same, but their base."""
+        """The classes of `sdk`: generated SDKs name them alike, but their base."""
         return cls(
             base, sdk.APITimeoutError, sdk.APIConnectionError, sdk.APIStatusError, sdk.APIResponseValidationError
         )
@@ -213,12 +234,12 @@ def map_sdk_error(name: str, exc: Exception, classes: SdkErrorClasses) -> Detect
 
 
 class SdkJudge(JudgeBackend):
-    """A backend over one vendor SDK's async client. What differs between SDKs is how one turn is sent
-    (`_send`) and how the reply is read (`_read`); timing, error mapping and the empty-reply check are
-    the same for all, so they live here once.
+    """A backend over one vendor SDK's async client (the anthropic SDK's for Claude). A subclass says how
+    one turn is sent (`_send`) and how the reply is read (`_read`); timing, error mapping and the
+    empty-reply check are here.
     """
 
-    client_class: ClassVar[type[Any]]  # the SDK's async client; both take the same four arguments
+    client_class: ClassVar[type[Any]]  # the SDK's async client (api_key, base_url, timeout, max_retries)
     errors: ClassVar[SdkErrorClasses]
 
     def __init__(self, config: JudgeConfig) -> None:
@@ -238,10 +259,6 @@ class SdkJudge(JudgeBackend):
     def _read(self, reply: Any) -> tuple[str, TokenCounts]:
         """(text, usage) of a reply; raises when the reply has the wrong shape."""
 
-    def _tokens(self, reply: Any) -> tuple[TokenChoice, ...] | None:
-        """The reply's tokens with log-probabilities; None where the vendor gives none."""
-        return None
-
     async def complete(self, system: str, user: UserTurn, images: Sequence[ImageRef] = ()) -> JudgeResult:
         started = time.perf_counter()
         blocks = [TextBlock(user)] if isinstance(user, str) else list(user)
@@ -250,21 +267,10 @@ class SdkJudge(JudgeBackend):
         except (self.errors.base, json.JSONDecodeError) as exc:  # the SDKs let a non-JSON body through
             raise map_sdk_error(self.name, exc, self.errors) from exc
         try:  # the SDKs do not validate bodies: a reply of the wrong shape fails here
-            text, tokens = self._read(reply)
-            logprobs = self._tokens(reply)
+            text, counts = self._read(reply)
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
             raise map_sdk_error(self.name, exc, self.errors) from exc
-        if not text.strip():
-            raise judge_error(self.name, DetectorErrorCode.EMPTY_REPLY, "the reply has no text")
-        return JudgeResult(
-            text,
-            tokens.input_tokens,
-            tokens.output_tokens,
-            time.perf_counter() - started,
-            cached_input_tokens=tokens.cached_input_tokens,
-            cache_creation_tokens=tokens.cache_creation_tokens,
-            tokens=logprobs,
-        )
+        return judge_result(self.name, started, text, counts)
 
     async def aclose(self) -> None:
         await self._client.close()

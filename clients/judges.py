@@ -1,8 +1,9 @@
 """Judge backends by configuration: `build_judge(JudgeConfig) -> JudgeBackend`.
 
 The server builds every configured judge once (in its lifespan) and hands the mapping to the judge
-detector; requests select one by name. Backends are registered by the `backend` field of a config;
-each imports its vendor SDK, so only the backends a server configures are imported.
+detector; requests select one by name. Backends are registered by the `backend` field of a config
+and imported when first built, so a server loads only the clients it configures (the anthropic SDK
+only for a Claude judge; an OpenAI-compatible judge needs no SDK: clients/openai_judge.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import typing
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -32,6 +31,7 @@ from faithproxy.clients.judges import (
     build_judge,
     build_judges,
 )
+from faithproxy.clients.openai_judge import read_reply
 from faithproxy.detectors.judge_prompt import JUDGE_SYSTEM_PROMPT, build_judge_prompt, build_judge_turn
 from faithproxy.faithcore.errors import DetectorError, DetectorErrorCode
 from faithproxy.faithcore.images import parse_image_url
@@ -116,12 +116,11 @@ async def test_openai_joins_blocks_and_records_cached_tokens(server: tuple[str, 
 
 def test_openai_usage_without_details_counts_everything_fresh() -> None:
     """vLLM without --enable-prompt-tokens-details sends no details: nothing is taken as cached."""
-    reply = SimpleNamespace(
-        choices=[SimpleNamespace(message=SimpleNamespace(content="ok"))],
-        usage=SimpleNamespace(prompt_tokens=120, completion_tokens=7, prompt_tokens_details=None),
-    )
-    judge = OpenAICompatibleJudge(JudgeConfig(name="q", backend="openai", model="m", api_key="k"))
-    assert judge._read(reply) == ("ok", TokenCounts(input_tokens=120, output_tokens=7))
+    reply = {
+        "choices": [{"message": {"content": "ok"}}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 7, "prompt_tokens_details": None},
+    }
+    assert read_reply(reply) == ("ok", TokenCounts(input_tokens=120, output_tokens=7))
 
 
 async def test_anthropic_image_blocks(server: tuple[str, JudgeServerState]) -> None:
