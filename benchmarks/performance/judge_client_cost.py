@@ -174,12 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=500, help="measured calls per client")
     parser.add_argument("--blocks", type=int, default=10, help="blocks of calls for the block-median figure")
     parser.add_argument("--note", help="kept in the result, e.g. 'loaded: shared with other jobs'")
+    parser.add_argument("--dirty-reason", help="kept in the result: why the tree differed from its commit")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     result = run(args, argv)
     if args.note:
         result["note"] = args.note
+    if args.dirty_reason:
+        result["dirty_reason"] = args.dirty_reason
     text = json.dumps(result, indent=2, ensure_ascii=False)
     print(text)
     if args.json:
