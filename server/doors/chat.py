@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: OpenAI's chat completions, the door every other one is translated to.
 
-The body is read as vLLM reads it (`parse_chat_body`: messages, model, stream; unknown fields pass
+The body is read by its model (`ChatCompletionRequest`: messages, model, stream; unknown fields pass
 through), and in a verified mode drives vLLM's chat completions as it is: the chain's own rounds
 (server/chain/session.py `CHAT_WIRE`), so this door needs no translation and no round wire. The
 machine's emits go out as `chat.completion.chunk`s (`ChatRenderer`): a step's annotation rides as
@@ -12,19 +12,27 @@ reads what it passed (`chat_events`).
 
 from __future__ import annotations
 
+import json
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from faithproxy.clients.vllm import CHAT_PATH
-from faithproxy.faithcore.errors import PolicyError
-from faithproxy.server.doors.bodies import json_object, model_and_stream
+from faithproxy.server.doors.bodies import body_parser
 from faithproxy.server.doors.captured import chat_reader, chunk_events, json_body, sse_objects
-from faithproxy.server.doors.schema import OpenModel, StreamOptions, openai_responses
+from faithproxy.server.doors.schema import (
+    Absent,
+    DoorRequest,
+    OpenModel,
+    StreamOptions,
+    TokenLimit,
+    openai_responses,
+)
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.protocol.errors import error_frame
 from faithproxy.server.protocol.render import Answer, Ending, Renderer, Reply
-from faithproxy.server.protocol.sse import ChunkFactory, frame
+from faithproxy.server.protocol.sse import TEXT_MARKER, TEXT_MARKER_JSON, data_frame
 
 if TYPE_CHECKING:
     from faithproxy.faithcore.correction import EmitExtra, EmitText
@@ -32,16 +40,7 @@ if TYPE_CHECKING:
     from faithproxy.server.protocol.wires import RoundEvents
 
 
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """A /v1/chat/completions body, else a PolicyError (400). Unknown fields pass through untouched."""
-    body = json_object(raw)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
-    return model_and_stream(body)
-
-
-# ---- OpenAPI: what the proxy reads of a chat body (documentation and the fuzzer's grammar) -------
+# ---- the request: its parser and its OpenAPI ------------------------------------------------------
 
 
 class ImageURL(OpenModel):
@@ -59,23 +58,29 @@ class ImagePart(OpenModel):
     image_url: ImageURL
 
 
+# A part vLLM takes that the proxy does not read (audio, video, a bare string) passes, and so does a text
+# or image part the proxy cannot use: the session skips it and vLLM answers for it.
+ChatPart = TextPart | ImagePart | str | dict[str, Any]
+
+
 class ChatMessage(OpenModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | ImagePart] | None = None
+    role: str = Field(description="system, developer, user, assistant or tool.")
+    content: str | list[ChatPart] | None = Field(default=None, union_mode="left_to_right")
 
 
-class ChatCompletionRequest(OpenModel):
+class ChatCompletionRequest(DoorRequest):
     """An OpenAI chat completion request; fields not listed are forwarded to vLLM untouched."""
 
-    model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: TokenLimit | None = None
+    max_completion_tokens: TokenLimit | None = None
     n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
     temperature: float | None = None
     seed: int | None = None
+
+
+parse_chat_body = body_parser(ChatCompletionRequest)
 
 
 # ---- the shadow check: a chat response off mode passed through -----------------------------------
@@ -96,15 +101,110 @@ def chat_events(data: bytes, stream: bool) -> RoundEvents | None:
     return chunk_events([chunk], chat_reader())
 
 
-# ---- the renderer ----------------------------------------------------------------------------------
+# ---- the response: its shapes and its renderer -----------------------------------------------------
+# The proxy's own fields ride beside OpenAI's: `faithfulness` and the judge's bill (an extra field named
+# by server/chain/judge_bill.py); the OpenAI SDK keeps unknown fields.
+
+
+class AssistantMessage(OpenModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning: str | None = Absent()
+    reasoning_content: str | None = Absent()
+
+
+class ChatChoice(OpenModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletion(OpenModel):
+    """A whole chat completion (`usage`: every round added up; `faithfulness`: the summary)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: dict[str, Any]
+    faithfulness: dict[str, Any]
+
+
+class ChatDelta(OpenModel):
+    role: Literal["assistant"] | None = Absent()
+    content: str | None = Absent()
+    reasoning: str | None = Absent()
+    reasoning_content: str | None = Absent()
+
+
+class ChunkChoice(OpenModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(OpenModel):
+    """One chunk of a stream: a delta, or (`choices` empty) the usage a client asked for."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: dict[str, Any] | None = Absent()
+    faithfulness: dict[str, Any] | None = Absent()
+
+
+class ChatChunks:
+    """The chunks of one response: one id, one `created`, one model for all of them, the role on the
+    first delta only. `text_frame` is the per-token path: the frame of a text chunk is serialized from
+    the model once per field, split around its text, and only the text is encoded per token."""
+
+    chunk_type: type[OpenModel] = ChatCompletionChunk
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.id = completion_id
+        self.model = model
+        self.created = int(time.time())
+        self._sent_role = False
+        self._templates: dict[str, tuple[bytes, bytes]] = {}
+
+    def choice(self, delta: dict[str, Any], finish_reason: str | None) -> OpenModel:
+        return ChunkChoice(delta=ChatDelta(**delta), finish_reason=finish_reason)
+
+    def chunk(self, delta: dict[str, Any], *, finish_reason: str | None = None, **extra: Any) -> OpenModel:
+        if not self._sent_role:
+            delta = {"role": "assistant", **delta}
+            self._sent_role = True
+        choices = [self.choice(delta, finish_reason)]
+        return self.chunk_type(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
+
+    def usage_chunk(self, usage: dict[str, Any], **extra: Any) -> OpenModel:
+        return self.chunk_type(id=self.id, created=self.created, model=self.model, choices=[], usage=usage, **extra)
+
+    def text_frame(self, field: str, text: str) -> bytes:
+        """The frame of `chunk({field: text})`, byte for byte."""
+        if not self._sent_role:
+            return data_frame(self.chunk({field: text}))
+        head, tail = self._templates.get(field) or self._template(field)
+        return head + json.dumps(text, ensure_ascii=False).encode() + tail
+
+    def _template(self, field: str) -> tuple[bytes, bytes]:
+        # The delta is the last string of a text chunk: rpartition finds it whatever the id or model say.
+        head, _, tail = data_frame(self.chunk({field: TEXT_MARKER})).rpartition(TEXT_MARKER_JSON)
+        self._templates[field] = head, tail
+        return head, tail
 
 
 class ChatRenderer(Renderer):
     """OpenAI chunks out: each emit one chunk of `chunk_factory`, the usage chunk on request, the whole
     response as a `chat.completion`. The completions door renders its `text_completion`s the same way,
-    with a chunk factory and a body of its own (server/doors/completions.py)."""
+    with chunks and a body of its own (server/doors/completions.py)."""
 
-    chunk_factory: type[ChunkFactory] = ChunkFactory
+    chunk_factory: type[ChatChunks] = ChatChunks
     id_prefix = "chatcmpl"
 
     def __init__(self, reply: Reply) -> None:
@@ -115,43 +215,41 @@ class ChatRenderer(Renderer):
     def text(self, item: EmitText, step: dict[str, Any] | None) -> list[bytes]:
         if step is None:  # detect mode's per-token deltas: only the text is encoded
             return [self.chunks.text_frame(item.field, item.text)]
-        return [frame(self.chunks.chunk({item.field: item.text}, extra={"faithfulness": {"step": step}}))]
+        return [data_frame(self.chunks.chunk({item.field: item.text}, faithfulness={"step": step}))]
 
     def verdicts(self, verdicts: list[dict[str, Any]]) -> list[bytes]:
-        return [frame(self.chunks.chunk({}, extra={"faithfulness": {"verdicts": verdicts}}))]
+        return [data_frame(self.chunks.chunk({}, faithfulness={"verdicts": verdicts}))]
 
     def extra(self, item: EmitExtra) -> list[bytes]:
-        return [frame(self.chunks.chunk(item.delta))]
+        return [data_frame(self.chunks.chunk(item.delta))]
 
     def end(self, finish_reason: str | None, ending: Ending) -> list[bytes]:
-        extra = {"faithfulness": ending.summary, **ending.judge_usage}
-        return [frame(self.chunks.chunk({}, finish_reason=finish_reason or "stop", extra=extra))]
+        chunk = self.chunks.chunk(
+            {}, finish_reason=finish_reason or "stop", faithfulness=ending.summary, **ending.judge_usage
+        )
+        return [data_frame(chunk)]
 
     def usage(self, ending: Ending) -> list[bytes]:
-        return [frame({**self.chunks.usage_chunk(ending.usage), **ending.judge_usage})]
+        return [data_frame(self.chunks.usage_chunk(ending.usage, **ending.judge_usage))]
 
     def error(self, exc: FaithproxyError) -> bytes:
         return error_frame(exc)
 
-    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": answer.text.get("content"), **answer.extras}
-        for name in ("reasoning", "reasoning_content"):
-            if name in answer.text:
-                message[name] = answer.text[name]
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": answer.finish_reason or "stop"}
-        return self.openai_body("chat.completion", choice, ending)
+    def body(self, answer: Answer, ending: Ending) -> OpenModel:
+        text = {name: answer.text[name] for name in ("reasoning", "reasoning_content") if name in answer.text}
+        message = AssistantMessage(**{"content": answer.text.get("content"), **text, **answer.extras})
+        choice = ChatChoice(message=message, finish_reason=answer.finish_reason or "stop")
+        return ChatCompletion(**self.envelope(ending), choices=[choice])
 
-    def openai_body(self, object_name: str, choice: dict[str, Any], ending: Ending) -> dict[str, Any]:
-        """A whole OpenAI response around its one choice (chat and completions share the envelope)."""
+    def envelope(self, ending: Ending) -> dict[str, Any]:
+        """The fields of a whole OpenAI response around its choices (chat and completions share them)."""
         return {
             "id": self.id,
-            "object": object_name,
             "created": int(self.reply.started_wall),
             "model": self.reply.model,
-            "choices": [choice],
             "usage": ending.usage,
-            **ending.judge_usage,
             "faithfulness": ending.summary,
+            **ending.judge_usage,
         }
 
 
@@ -163,6 +261,8 @@ DOOR = Door(
     off_path=CHAT_PATH,
     shadow_reader=chat_events,
     request_model=ChatCompletionRequest,
-    openapi_responses=openai_responses("A chat completion (JSON), or an SSE stream when stream=true."),
+    openapi_responses=openai_responses(
+        "A chat completion (JSON), or chat.completion.chunks (SSE) when stream=true.", ChatCompletion
+    ),
     name="chat_completions",
 )

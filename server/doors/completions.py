@@ -18,21 +18,19 @@ What a raw prompt can ask that a verified chain cannot give (token-id prompts, s
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field
 
 from faithproxy.clients.vllm import COMPLETIONS_PATH
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.faithcore.types import Channel
-from faithproxy.server.doors.bodies import json_object, model_and_stream
+from faithproxy.server.doors.bodies import body_parser
 from faithproxy.server.doors.captured import chunk_events, completion_reader, json_body, sse_objects
-from faithproxy.server.doors.chat import ChatRenderer
-from faithproxy.server.doors.schema import OpenModel, StreamOptions, openai_responses
+from faithproxy.server.doors.chat import ChatChunks, ChatRenderer
+from faithproxy.server.doors.schema import Absent, DoorRequest, OpenModel, StreamOptions, TokenLimit, openai_responses
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.protocol.render import Answer, Ending
-from faithproxy.server.protocol.sse import ChunkFactory, frame
 from faithproxy.server.protocol.wires import RoundWire
 
 if TYPE_CHECKING:
@@ -43,27 +41,26 @@ if TYPE_CHECKING:
 # Fields that change what a completion is beyond one chain of text; `off` passes them through.
 _CORRECTING_REFUSES = ("echo", "logprobs", "suffix", "best_of", "prompt_logprobs")
 
+T = TypeVar("T")
+NonEmpty = Annotated[list[T], Field(min_length=1)]
 
-def _is_prompt(prompt: Any) -> bool:
-    """A completions prompt as OpenAI takes it: a string, or a non-empty list of strings, of token ids,
-    or of token-id lists."""
-    if isinstance(prompt, str):
-        return True
-    if not isinstance(prompt, list) or not prompt:
-        return False
-    return (
-        all(isinstance(p, str) for p in prompt)
-        or all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        or all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt)
+
+class CompletionRequest(DoorRequest):
+    """An OpenAI (legacy) completion request; fields not listed are forwarded to vLLM untouched."""
+
+    prompt: str | NonEmpty[str] | NonEmpty[int] | NonEmpty[NonEmpty[int]] = Field(
+        description="A string, or a non-empty list of strings, of token ids or of token-id lists: one string "
+        "unless X-Faithproxy-Mode is off.",
+        union_mode="left_to_right",
     )
+    stream_options: StreamOptions | None = None
+    max_tokens: TokenLimit | None = None
+    n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
+    temperature: float | None = None
+    seed: int | None = None
 
 
-def parse_completions_body(raw: bytes) -> dict[str, Any]:
-    """A /v1/completions body, else a PolicyError (400). Unknown fields pass through untouched."""
-    body = json_object(raw)
-    if "prompt" not in body or not _is_prompt(body["prompt"]):
-        raise PolicyError("'prompt' must be a string, or a non-empty list of strings or of token ids", param="prompt")
-    return model_and_stream(body)
+parse_completions_body = body_parser(CompletionRequest)
 
 
 def prompt_text(body: dict[str, Any]) -> str | None:
@@ -136,57 +133,52 @@ def completions_events(data: bytes, stream: bool) -> RoundEvents | None:
     return chunk_events(chunks, completion_reader())
 
 
-# ---- OpenAPI ---------------------------------------------------------------------------------------
+# ---- the response: its shapes and its renderer -----------------------------------------------------
 
 
-class CompletionRequest(OpenModel):
-    """An OpenAI (legacy) completion request; fields not listed are forwarded to vLLM untouched."""
-
-    model: str = Field(min_length=1)
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        description="One string unless X-Faithproxy-Mode is off (then anything vLLM takes)."
-    )
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    n: int | None = Field(default=1, ge=1, description="Only 1 unless X-Faithproxy-Mode is off.")
-    temperature: float | None = None
-    seed: int | None = None
+class CompletionChoice(OpenModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
 
 
-# ---- the renderer ----------------------------------------------------------------------------------
+class Completion(OpenModel):
+    """A whole `text_completion` (`usage`: every round added up; `faithfulness`: the summary)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: dict[str, Any]
+    faithfulness: dict[str, Any]
 
 
-class CompletionChunks(ChunkFactory):
-    """`text_completion` chunks: every text delta is `choices[0].text`, whatever its field."""
+class CompletionChunk(OpenModel):
+    """One `text_completion` chunk of a stream, or (`choices` empty) the usage a client asked for."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: dict[str, Any] | None = Absent()
+    faithfulness: dict[str, Any] | None = Absent()
+
+
+class CompletionChunks(ChatChunks):
+    """`text_completion` chunks: every text delta is `choices[0].text`, whatever its field; no role."""
+
+    chunk_type = CompletionChunk
 
     def __init__(self, completion_id: str, model: str) -> None:
-        self.id = completion_id
-        self.model = model
-        self.created = int(time.time())
+        super().__init__(completion_id, model)
+        self._sent_role = True  # a completion has none
 
-    def text_frame(self, field: str, text: str) -> bytes:
-        return frame(self.chunk({field: text}))
-
-    def chunk(
-        self, delta: dict[str, Any], *, finish_reason: str | None = None, extra: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def choice(self, delta: dict[str, Any], finish_reason: str | None) -> OpenModel:
         text = "".join(v for v in delta.values() if isinstance(v, str))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        }
-        if extra:
-            body.update(extra)  # "faithfulness": the OpenAI SDK keeps unknown fields
-        return body
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        chunk = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
-        return {**chunk, "choices": [], "usage": usage}
+        return CompletionChoice(text=text, finish_reason=finish_reason)
 
 
 class CompletionRenderer(ChatRenderer):
@@ -195,10 +187,10 @@ class CompletionRenderer(ChatRenderer):
     chunk_factory = CompletionChunks
     id_prefix = "cmpl"
 
-    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
+    def body(self, answer: Answer, ending: Ending) -> OpenModel:
         text = "".join(answer.text.get(name, "") for name in ("reasoning", "reasoning_content", "content"))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": answer.finish_reason or "stop"}
-        return self.openai_body("text_completion", choice, ending)
+        choice = CompletionChoice(text=text, finish_reason=answer.finish_reason or "stop")
+        return Completion(**self.envelope(ending), choices=[choice])
 
 
 DOOR = Door(
@@ -213,6 +205,6 @@ DOOR = Door(
     round_wire=COMPLETIONS_WIRE,
     shadow_reader=completions_events,
     request_model=CompletionRequest,
-    openapi_responses=openai_responses("A text completion (JSON), or an SSE stream when stream=true."),
+    openapi_responses=openai_responses("A text completion (JSON), or its chunks (SSE) when stream=true.", Completion),
     name="completions",
 )

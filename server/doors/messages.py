@@ -18,19 +18,19 @@ Tools and non-text, non-image blocks are a 400 in `detect` and `correct`.
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.faithcore.types import Channel
-from faithproxy.server.doors.bodies import json_object, model_and_stream
+from faithproxy.server.doors.bodies import body_parser
 from faithproxy.server.doors.captured import json_body, sse_objects, text_events
-from faithproxy.server.doors.schema import OpenModel
+from faithproxy.server.doors.schema import Absent, DoorRequest, OpenModel, TokenLimit
 from faithproxy.server.protocol.doors import Api, Door
-from faithproxy.server.protocol.errors import anthropic_error
+from faithproxy.server.protocol.errors import AnthropicErrorResponse, anthropic_error_model
 from faithproxy.server.protocol.render import Answer, Ending, Renderer, Reply
+from faithproxy.server.protocol.sse import TEXT_MARKER, TEXT_MARKER_JSON, event_frame
 
 if TYPE_CHECKING:
     from faithproxy.faithcore.correction import EmitText
@@ -41,19 +41,40 @@ MESSAGES_PATH = "/v1/messages"
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
-def parse_messages_body(raw: bytes) -> dict[str, Any]:
-    """An Anthropic /v1/messages body, else a PolicyError (400; the door answers in Anthropic's format)."""
-    body = json_object(raw)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise PolicyError("'messages' must be a non-empty list of message objects", param="messages")
-    limit = body.get("max_tokens")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise PolicyError("'max_tokens' is required and must be a positive integer", param="max_tokens")
-    system = body.get("system")
-    if system is not None and not isinstance(system, str | list):
-        raise PolicyError("'system' must be a string or a list of text blocks", param="system")
-    return model_and_stream(body)
+class AnthropicText(OpenModel):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicImageSource(OpenModel):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
+class AnthropicImage(OpenModel):
+    type: Literal["image"]
+    source: AnthropicImageSource
+
+
+class AnthropicMessage(OpenModel):
+    role: Literal["user", "assistant"]
+    # Other blocks (thinking sent back, tool use, documents) pass: off mode forwards them, and the
+    # translation reads thinking and refuses the rest.
+    content: str | list[AnthropicText | AnthropicImage | dict[str, Any]] = Field(union_mode="left_to_right")
+
+
+class MessagesRequest(DoorRequest):
+    """An Anthropic Messages API request; fields not listed are forwarded to vLLM untouched in off mode."""
+
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    max_tokens: TokenLimit = Field(description="Required, as for Anthropic.")
+    system: str | list[dict[str, Any]] | None = Field(default=None, description="A string or text blocks.")
+    temperature: float | None = None
+
+
+parse_messages_body = body_parser(MessagesRequest)
 
 
 # ---- the translation to chat ------------------------------------------------------------------------
@@ -62,8 +83,8 @@ _UNSUPPORTED = ("tools", "tool_choice", "mcp_servers", "container")
 _PASSED_ON = ("temperature", "top_p", "top_k", "seed")
 
 
-def _block(block: Any, where: str) -> dict[str, Any]:
-    kind = block.get("type") if isinstance(block, dict) else None
+def _block(block: dict[str, Any], where: str) -> dict[str, Any]:
+    kind = block.get("type")
     if kind == "text" and isinstance(block.get("text"), str):
         return {"type": "text", "text": block["text"]}
     source = block.get("source") if kind == "image" else None
@@ -79,23 +100,20 @@ def _block(block: Any, where: str) -> dict[str, Any]:
 
 
 def _message(message: dict[str, Any], index: int) -> dict[str, Any]:
-    role, content = message.get("role"), message.get("content")
-    if role not in ("user", "assistant"):
-        raise PolicyError(f"messages[{index}].role must be 'user' or 'assistant'", param="messages")
+    """One message as a chat message; its role and content's shape are `AnthropicMessage`'s."""
+    role, content = message["role"], message["content"]
     if isinstance(content, str):
         return {"role": role, "content": content}
-    if not isinstance(content, list):
-        raise PolicyError(f"messages[{index}].content must be a string or a list of blocks", param="messages")
     # An earlier turn's thinking, sent back by the client, is the assistant message's `reasoning` (as vLLM's
     # own /v1/messages maps it; the chat template decides whether past thinking is rendered). A
     # redacted_thinking block holds nothing a template could render: left out.
-    thinking = [b for b in content if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]
+    thinking = [b for b in content if b.get("type") in ("thinking", "redacted_thinking")]
     if thinking and role != "assistant":
         raise PolicyError(f"messages[{index}]: thinking blocks belong to assistant messages", param="messages")
     blocks = [
         _block(b, f"messages[{index}].content[{i}]")
         for i, b in enumerate(content)
-        if not (isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking"))
+        if b.get("type") not in ("thinking", "redacted_thinking")
     ]
     out: dict[str, Any] = {"role": role, "content": blocks}
     reasoning = "".join(b["thinking"] for b in thinking if isinstance(b.get("thinking"), str))
@@ -104,11 +122,11 @@ def _message(message: dict[str, Any], index: int) -> dict[str, Any]:
     return out
 
 
-def _system_text(system: Any) -> str:
+def _system_text(system: str | list[dict[str, Any]]) -> str:
     if isinstance(system, str):
         return system
-    texts = [b.get("text") for b in system if isinstance(b, dict)]
-    if not all(isinstance(t, str) for t in texts) or len(texts) != len(system):
+    texts = [b.get("text") for b in system]
+    if not all(isinstance(t, str) for t in texts):
         raise PolicyError("'system' blocks must be text blocks", param="system")
     return "\n".join(texts)  # type: ignore[arg-type]
 
@@ -182,92 +200,154 @@ def messages_events(data: bytes, stream: bool) -> RoundEvents | None:
     return text_events(texts, _FINISH_REASONS.get(stop or "", stop), message_id)
 
 
-# ---- OpenAPI ---------------------------------------------------------------------------------------
+# ---- the response: its shapes and its renderer -----------------------------------------------------
 
 
-class AnthropicText(OpenModel):
-    type: Literal["text"]
+class TextBlock(OpenModel):
+    type: Literal["text"] = "text"
     text: str
 
 
-class AnthropicImageSource(OpenModel):
-    type: Literal["base64", "url"]
-    media_type: str | None = None
-    data: str | None = None
-    url: str | None = None
+class ThinkingBlock(OpenModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""  # the proxy signs nothing
 
 
-class AnthropicImage(OpenModel):
-    type: Literal["image"]
-    source: AnthropicImageSource
+ContentBlock = TextBlock | ThinkingBlock
 
 
-class AnthropicMessage(OpenModel):
-    role: Literal["user", "assistant"]
-    content: str | list[AnthropicText | AnthropicImage]
+class MessageUsage(OpenModel):
+    input_tokens: int
+    output_tokens: int
 
 
-class MessagesRequest(OpenModel):
-    """An Anthropic Messages API request; fields not listed are forwarded to vLLM untouched in off mode."""
+class MessagesResponse(OpenModel):
+    """An Anthropic message: when whole, `faithfulness` (the summary) and the judge's bill (an extra
+    field) ride beside `usage`; the anthropic SDK keeps unknown fields."""
 
-    model: str = Field(min_length=1)
-    messages: list[AnthropicMessage] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    system: str | list[dict[str, Any]] | None = None
-    stream: bool | None = False
-    temperature: float | None = None
-
-
-MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "An Anthropic message (JSON), or its SSE events when stream=true."},
-    400: {"description": "Invalid body, header or image (Anthropic's error format)."},
-    401: {"description": "Missing or wrong API key."},
-    413: {"description": "Body or image too large."},
-    429: {"description": "Too many concurrent requests (see Retry-After)."},
-    502: {"description": "vLLM or the detector failed."},
-}
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[ContentBlock]
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    usage: MessageUsage
+    faithfulness: dict[str, Any] | None = Absent()
 
 
-# ---- the renderer ----------------------------------------------------------------------------------
+class TextDelta(OpenModel):
+    type: Literal["text_delta"] = "text_delta"
+    text: str
+
+
+class ThinkingDelta(OpenModel):
+    type: Literal["thinking_delta"] = "thinking_delta"
+    thinking: str
+
+
+class StopDelta(OpenModel):
+    stop_reason: str
+    stop_sequence: str | None = None
+
+
+class OutputUsage(OpenModel):
+    output_tokens: int
+
+
+class MessagesEvent(OpenModel):
+    """What every event holds: its type, also the SSE event's name."""
+
+    type: str
+
+
+class MessageStart(MessagesEvent):
+    type: Literal["message_start"] = "message_start"
+    message: MessagesResponse
+
+
+class ContentBlockStart(MessagesEvent):
+    type: Literal["content_block_start"] = "content_block_start"
+    index: int
+    content_block: ContentBlock
+
+
+class ContentBlockDelta(MessagesEvent):
+    type: Literal["content_block_delta"] = "content_block_delta"
+    index: int
+    delta: TextDelta | ThinkingDelta
+    faithfulness: dict[str, Any] | None = Absent()  # a step's annotation
+
+
+class ContentBlockStop(MessagesEvent):
+    type: Literal["content_block_stop"] = "content_block_stop"
+    index: int
+
+
+class MessageDelta(MessagesEvent):
+    """The stop reason and output tokens, with `faithfulness` (the summary) and the judge's bill."""
+
+    type: Literal["message_delta"] = "message_delta"
+    delta: StopDelta
+    usage: OutputUsage
+    faithfulness: dict[str, Any]
+
+
+class MessageStop(MessagesEvent):
+    type: Literal["message_stop"] = "message_stop"
+
+
+class Ping(MessagesEvent):
+    """Detect mode's verdicts ride on a ping: the SDK skips pings, a raw-SSE client reads them."""
+
+    type: Literal["ping"] = "ping"
+    faithfulness: dict[str, Any] | None = Absent()
+
+
+def _frame(event: MessagesEvent) -> bytes:
+    return event_frame(event.type, event)
+
+
+def _usage(usage: dict[str, Any]) -> MessageUsage:
+    return MessageUsage(input_tokens=usage.get("prompt_tokens") or 0, output_tokens=usage.get("completion_tokens") or 0)
+
+
+def _stop_reason(finish_reason: str | None) -> str:
+    return _STOP_REASONS.get(finish_reason or "stop", "end_turn")
 
 
 class MessagesEvents:
     """The Messages events of one message: content blocks in order (`thinking` for reasoning text,
-    `text` for answer text), each started, filled by deltas and stopped."""
+    `text` for answer text), each started, filled by deltas and stopped. A delta without annotation
+    (detect mode's, one per token) is its block's template, serialized from `ContentBlockDelta` once,
+    with the text spliced in."""
 
     def __init__(self, message_id: str, model: str) -> None:
         self.id = message_id
         self.model = model
-        self.created = int(time.time())
         self.blocks = 0  # blocks started so far
         self._open: str | None = None  # the type of the block being written
+        self._template: tuple[bytes, bytes] = (b"", b"")  # the open block's plain delta, split at its text
         self._started = False
 
-    @staticmethod
-    def event(kind: str, **fields: Any) -> bytes:
-        data = json.dumps({"type": kind, **fields}, ensure_ascii=False, separators=(",", ":"))
-        return f"event: {kind}\ndata: {data}\n\n".encode()
-
-    def message(self, content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": content,
-            "stop_reason": stop_reason,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": usage.get("prompt_tokens") or 0,
-                "output_tokens": usage.get("completion_tokens") or 0,
-            },
-        }
+    def message(
+        self, content: list[ContentBlock], stop_reason: str | None, usage: dict[str, Any], **extra: Any
+    ) -> MessagesResponse:
+        return MessagesResponse(
+            id=self.id, model=self.model, content=content, stop_reason=stop_reason, usage=_usage(usage), **extra
+        )
 
     def start(self) -> list[bytes]:
         if self._started:
             return []
         self._started = True
-        return [self.event("message_start", message=self.message([], None, {}))]
+        return [_frame(MessageStart(message=self.message([], None, {})))]
+
+    @staticmethod
+    def _delta(kind: str, index: int, text: str, **extra: Any) -> ContentBlockDelta:
+        delta = ThinkingDelta(thinking=text) if kind == "thinking" else TextDelta(text=text)
+        return ContentBlockDelta(index=index, delta=delta, **extra)
 
     def text(self, channel: Channel, text: str, faithfulness: dict[str, Any] | None) -> list[bytes]:
         kind = "thinking" if channel is Channel.REASONING else "text"
@@ -276,37 +356,28 @@ class MessagesEvents:
             frames += self.close()
         if self._open is None:
             self._open = kind
-            block = (
-                {"type": "thinking", "thinking": "", "signature": ""}
-                if kind == "thinking"
-                else {"type": "text", "text": ""}
-            )
-            frames.append(self.event("content_block_start", index=self.blocks, content_block=block))
+            block: ContentBlock = ThinkingBlock(thinking="") if kind == "thinking" else TextBlock(text="")
+            frames.append(_frame(ContentBlockStart(index=self.blocks, content_block=block)))
+            head, _, tail = _frame(self._delta(kind, self.blocks, TEXT_MARKER)).rpartition(TEXT_MARKER_JSON)
+            self._template = head, tail
             self.blocks += 1
-        delta = (
-            {"type": "thinking_delta", "thinking": text} if kind == "thinking" else {"type": "text_delta", "text": text}
-        )
-        extra = {"faithfulness": faithfulness} if faithfulness else {}
-        return [*frames, self.event("content_block_delta", index=self.blocks - 1, delta=delta, **extra)]
+        if faithfulness is not None:
+            return [*frames, _frame(self._delta(kind, self.blocks - 1, text, faithfulness=faithfulness))]
+        head, tail = self._template
+        return [*frames, head + json.dumps(text, ensure_ascii=False).encode() + tail]
 
     def close(self) -> list[bytes]:
         if self._open is None:
             return []
         self._open = None
-        return [self.event("content_block_stop", index=self.blocks - 1)]
+        return [_frame(ContentBlockStop(index=self.blocks - 1))]
 
-    def end(
-        self, finish_reason: str | None, usage: dict[str, Any], summary: dict[str, Any], extra: dict[str, Any]
-    ) -> list[bytes]:
-        """The closing events; `extra` rides on message_delta beside `usage` (the judge's bill)."""
-        delta = {"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
-        out_usage = {"output_tokens": usage.get("completion_tokens") or 0}
-        return [
-            *self.start(),
-            *self.close(),
-            self.event("message_delta", delta=delta, usage=out_usage, **extra, faithfulness=summary),
-            self.event("message_stop"),
-        ]
+    def end(self, finish_reason: str | None, ending: Ending) -> list[bytes]:
+        """The closing events; the summary and the judge's bill ride on message_delta beside `usage`."""
+        delta = StopDelta(stop_reason=_stop_reason(finish_reason))
+        usage = OutputUsage(output_tokens=ending.usage.get("completion_tokens") or 0)
+        last = MessageDelta(delta=delta, usage=usage, faithfulness=ending.summary, **ending.judge_usage)
+        return [*self.start(), *self.close(), _frame(last), _frame(MessageStop())]
 
 
 class MessagesRenderer(Renderer):
@@ -324,25 +395,33 @@ class MessagesRenderer(Renderer):
         return self.events.text(item.channel, item.text, None if step is None else {"step": step})
 
     def verdicts(self, verdicts: list[dict[str, Any]]) -> list[bytes]:
-        # on a `ping` event: the SDK skips pings, a raw-SSE client reads them; the summary on
-        # message_delta carries every verdict too
-        return [*self.events.start(), self.events.event("ping", faithfulness={"verdicts": verdicts})]
+        # the summary on message_delta carries every verdict too
+        return [*self.events.start(), _frame(Ping(faithfulness={"verdicts": verdicts}))]
 
     def end(self, finish_reason: str | None, ending: Ending) -> list[bytes]:
-        return self.events.end(finish_reason, ending.usage, ending.summary, ending.judge_usage)
+        return self.events.end(finish_reason, ending)
 
     def error(self, exc: FaithproxyError) -> bytes:
-        return MessagesEvents.event("error", error=anthropic_error(exc.status_code, exc.message)["error"])
+        return event_frame("error", anthropic_error_model(exc.status_code, exc.message))  # the error body itself
 
-    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
-        content: list[dict[str, Any]] = []
+    def body(self, answer: Answer, ending: Ending) -> MessagesResponse:
+        content: list[ContentBlock] = []
         thinking = answer.text.get("reasoning") or answer.text.get("reasoning_content")
         if thinking:
-            content.append({"type": "thinking", "thinking": thinking, "signature": ""})
-        content.append({"type": "text", "text": answer.text.get("content", "")})
-        stop = _STOP_REASONS.get(answer.finish_reason or "stop", "end_turn")
-        message = MessagesEvents(self.id, self.reply.model).message(content, stop, ending.usage)
-        return {**message, **ending.judge_usage, "faithfulness": ending.summary}
+            content.append(ThinkingBlock(thinking=thinking))
+        content.append(TextBlock(text=answer.text.get("content", "")))
+        stop = _stop_reason(answer.finish_reason)
+        return self.events.message(content, stop, ending.usage, faithfulness=ending.summary, **ending.judge_usage)
+
+
+MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": MessagesResponse, "description": "An Anthropic message (JSON), or its SSE events when stream=true."},
+    400: {"model": AnthropicErrorResponse, "description": "Invalid body, header or image."},
+    401: {"model": AnthropicErrorResponse, "description": "Missing or wrong API key."},
+    413: {"model": AnthropicErrorResponse, "description": "Body or image too large."},
+    429: {"model": AnthropicErrorResponse, "description": "Too many concurrent requests (see Retry-After)."},
+    502: {"model": AnthropicErrorResponse, "description": "vLLM or the detector failed."},
+}
 
 
 DOOR = Door(

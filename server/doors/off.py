@@ -39,9 +39,9 @@ from faithproxy.server.admission.policy import HEADER_MODE
 from faithproxy.server.observe.finish import finish_request
 from faithproxy.server.observe.traces import RequestTrace
 from faithproxy.server.protocol.doors import Api, Door
-from faithproxy.server.protocol.errors import anthropic_error, door_at, door_error_body, error_frame
+from faithproxy.server.protocol.errors import anthropic_error_model, door_at, door_error_body, error_frame
+from faithproxy.server.protocol.sse import DONE, event_frame
 
-_DONE = b"data: [DONE]\n\n"
 _MODE_HEADER = HEADER_MODE.encode()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 
@@ -49,8 +49,8 @@ _END = {"type": "http.response.body", "body": b"", "more_body": False}
 def _end_frames(door: Door, exc: FaithproxyError) -> bytes:
     """What ends a stream that broke after its first byte, in the door's format."""
     if door.api is Api.ANTHROPIC:  # an Anthropic `error` event (the SDK raises it); its streams have no [DONE]
-        return b"event: error\ndata: " + json.dumps(anthropic_error(exc.status_code, exc.message)).encode() + b"\n\n"
-    return error_frame(exc) + _DONE
+        return event_frame("error", anthropic_error_model(exc.status_code, exc.message))
+    return error_frame(exc) + DONE
 
 
 class Passthrough(Response):

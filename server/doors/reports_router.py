@@ -12,8 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from faithproxy.faithcore.errors import FaithproxyError
-from faithproxy.server.doors.schema import ErrorResponse
-from faithproxy.server.protocol.errors import error_response
+from faithproxy.server.protocol.errors import ErrorResponse, error_response
 from faithproxy.server.state import StateDep
 
 router = APIRouter()

@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.faithcore.types import Channel
-from faithproxy.server.doors.bodies import json_object, model_and_stream
+from faithproxy.server.doors.bodies import body_parser
 from faithproxy.server.doors.captured import json_body, sse_objects, text_events
-from faithproxy.server.doors.schema import OpenModel, openai_responses
+from faithproxy.server.doors.schema import Absent, DoorRequest, OpenModel, TokenLimit, openai_responses
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.protocol.errors import error_frame
 from faithproxy.server.protocol.render import Answer, Ending, Renderer, Reply
+from faithproxy.server.protocol.sse import TEXT_MARKER, TEXT_MARKER_JSON, event_frame
 
 if TYPE_CHECKING:
     from faithproxy.faithcore.correction import EmitText
@@ -41,20 +43,22 @@ if TYPE_CHECKING:
 RESPONSES_PATH = "/v1/responses"
 
 
-def parse_responses_body(raw: bytes) -> dict[str, Any]:
-    """A /v1/responses (OpenAI Responses API) body, else a PolicyError (400). Unknown fields pass through."""
-    body = json_object(raw)
-    given = body.get("input")
-    if not (isinstance(given, str) and given) and not (
-        isinstance(given, list) and given and all(isinstance(item, dict | str) for item in given)
-    ):
-        raise PolicyError("'input' must be a non-empty string or a non-empty list of input items", param="input")
-    if body.get("instructions") is not None and not isinstance(body["instructions"], str):
-        raise PolicyError("'instructions' must be a string", param="instructions")
-    limit = body.get("max_output_tokens")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise PolicyError("'max_output_tokens' must be a positive integer", param="max_output_tokens")
-    return model_and_stream(body)
+class ResponsesRequest(DoorRequest):
+    """An OpenAI Responses API request; fields not listed are forwarded to vLLM untouched in off mode."""
+
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[dict[str, Any] | str], Field(min_length=1)] = Field(
+        description="A non-empty string or a non-empty list of input items: message items (input_text, "
+        "input_image parts) and reasoning items unless X-Faithproxy-Mode is off.",
+        union_mode="left_to_right",
+    )
+    instructions: str | None = None
+    max_output_tokens: TokenLimit | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+parse_responses_body = body_parser(ResponsesRequest)
 
 
 # ---- the translation to chat ------------------------------------------------------------------------
@@ -190,51 +194,181 @@ def responses_events(data: bytes, stream: bool) -> RoundEvents | None:
     else:
         response = json_body(data) or {}
         for item in response.get("output") or ():
-            field = {"reasoning": "reasoning", "message": "content"}.get(item.get("type"))
-            if field is None:
+            name = {"reasoning": "reasoning", "message": "content"}.get(item.get("type"))
+            if name is None:
                 continue
             for part in item.get("content") or ():
                 if part.get("type") in ("reasoning_text", "output_text") and isinstance(part.get("text"), str):
-                    texts.append((field, part["text"]))
+                    texts.append((name, part["text"]))
     if not texts:
         return None
     incomplete = response.get("status") == "incomplete"
     return text_events(texts, "length" if incomplete else "stop", response.get("id"))
 
 
-# ---- OpenAPI ---------------------------------------------------------------------------------------
+# ---- the response: its shapes and its renderer -----------------------------------------------------
 
 
-class ResponsesRequest(OpenModel):
-    """An OpenAI Responses API request; fields not listed are forwarded to vLLM untouched in off mode."""
+class OutputText(OpenModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = []
+    logprobs: list[Any] = []
 
-    model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]] = Field(
-        description="A string or message items (input_text, input_image parts) unless X-Faithproxy-Mode is off."
-    )
+
+class ReasoningText(OpenModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(OpenModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = []
+    content: list[ReasoningText]
+    status: str
+
+
+class MessageItem(OpenModel):
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["assistant"] = "assistant"
+    status: str
+    content: list[OutputText]
+
+
+OutputItem = ReasoningItem | MessageItem
+
+
+class InputTokensDetails(OpenModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(OpenModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(OpenModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    total_tokens: int
+
+    @classmethod
+    def of(cls, usage: dict[str, Any]) -> ResponseUsage:
+        """OpenAI's chat usage (prompt_tokens, completion_tokens) in the Responses API's names."""
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        return cls(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
+
+
+class IncompleteDetails(OpenModel):
+    reason: str
+
+
+class ResponseObject(OpenModel):
+    """A Responses API response: the request's settings echoed, the output items, and once it is done
+    `usage`, `faithfulness` (the summary) and the judge's bill (an extra field)."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    model: str
+    status: str
+    output: list[OutputItem]
     instructions: str | None = None
-    stream: bool | None = False
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = None
+    metadata: dict[str, Any] = {}
+    parallel_tool_calls: bool = False
     temperature: float | None = None
+    top_p: float | None = None
+    tool_choice: str = "none"
+    tools: list[Any] = []
+    error: None = None
+    incomplete_details: IncompleteDetails | None = None
+    usage: ResponseUsage | None = Absent()
+    faithfulness: dict[str, Any] | None = Absent()
 
 
-# ---- the renderer ----------------------------------------------------------------------------------
+class ResponsesEvent(OpenModel):
+    """What every event holds: its type (also the SSE event's name) and its place in the stream."""
+
+    type: str
+    sequence_number: int
 
 
-def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + completion,
-    }
+class ResponseEvent(ResponsesEvent):  # response.created, .in_progress, .completed, .incomplete
+    response: ResponseObject
+
+
+class OutputItemEvent(ResponsesEvent):  # response.output_item.added, .done
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartEvent(ResponsesEvent):  # response.content_part.added, .done
+    item_id: str
+    output_index: int
+    content_index: int = 0
+    part: OutputText
+
+
+class TextDeltaEvent(ResponsesEvent):  # response.output_text.delta, response.reasoning_text.delta
+    item_id: str
+    output_index: int
+    content_index: int = 0
+    delta: str
+    logprobs: list[Any] | None = Absent()  # output text only
+    faithfulness: dict[str, Any] | None = Absent()  # a step's annotation
+
+
+class TextDoneEvent(ResponsesEvent):  # response.output_text.done, response.reasoning_text.done
+    item_id: str
+    output_index: int
+    content_index: int = 0
+    text: str
+    logprobs: list[Any] | None = Absent()
+
+
+class VerdictsEvent(ResponsesEvent):  # response.faithfulness.verdicts, detect mode's
+    faithfulness: dict[str, Any]
+
+
+_SEQUENCE_MARKER = 987_654_321_987_654_321  # where a delta template's sequence number goes
+
+
+@dataclass(slots=True)
+class _Writing:
+    """The output item being written: its text so far and, once a plain delta was sent, its template."""
+
+    kind: str  # "reasoning" or "message"
+    id: str
+    index: int
+    text: list[str] = field(default_factory=list)
+    template: tuple[bytes, bytes, bytes] | None = None
+
+    @property
+    def delta_kind(self) -> str:
+        return "response.reasoning_text.delta" if self.kind == "reasoning" else "response.output_text.delta"
+
+    def delta(self, sequence_number: int, text: str, **extra: Any) -> TextDeltaEvent:
+        logprobs = [] if self.kind == "message" else None
+        return TextDeltaEvent(
+            type=self.delta_kind,
+            sequence_number=sequence_number,
+            item_id=self.id,
+            output_index=self.index,
+            delta=text,
+            logprobs=logprobs,
+            **extra,
+        )
 
 
 class ResponsesEvents:
     """The Responses objects and events of one response: output items in order (a `reasoning` item for
-    reasoning text, a `message` item for answer text), each opened, filled by deltas and closed."""
+    reasoning text, a `message` item for answer text), each opened, filled by deltas and closed. A delta
+    without annotation (detect mode's, one per token) is its item's template, serialized from
+    `TextDeltaEvent` once, with the sequence number and the text spliced in."""
 
     def __init__(self, response_id: str, model: str, request: dict[str, Any]) -> None:
         self.id = response_id
@@ -242,76 +376,78 @@ class ResponsesEvents:
         self.created = int(time.time())
         self.request = request
         self.sequence = 0
-        self.output: list[dict[str, Any]] = []  # the items, closed ones final
-        self._open: dict[str, Any] | None = None  # the item being written
+        self.output: list[OutputItem] = []  # the items closed so far
+        self._open: _Writing | None = None
         self._started = False
 
-    def event(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+    def _next(self) -> int:
         self.sequence += 1
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+        return self.sequence - 1
 
-    def response(self, status: str, **extra: Any) -> dict[str, Any]:
-        body = self.request
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created,
-            "model": self.model,
-            "status": status,
-            "output": list(self.output),
-            "instructions": body.get("instructions"),
-            "max_output_tokens": body.get("max_output_tokens"),
-            "metadata": body.get("metadata") or {},
-            "parallel_tool_calls": False,
-            "temperature": body.get("temperature"),
-            "top_p": body.get("top_p"),
-            "tool_choice": "none",
-            "tools": [],
-            "error": None,
-            "incomplete_details": None,
+    def event(self, shape: type[ResponsesEvent], kind: str, **fields: Any) -> bytes:
+        return event_frame(kind, shape(type=kind, sequence_number=self._next(), **fields))
+
+    def response(self, status: str, **extra: Any) -> ResponseObject:
+        body = self.request  # the client's body, as ResponsesRequest read it
+        return ResponseObject(
+            id=self.id,
+            created_at=self.created,
+            model=self.model,
+            status=status,
+            output=list(self.output),
+            instructions=body.get("instructions"),
+            max_output_tokens=body.get("max_output_tokens"),
+            metadata=body.get("metadata") or {},
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
             **extra,
-        }
+        )
 
     def start(self) -> list[bytes]:
         if self._started:
             return []
         self._started = True
         return [
-            self.event("response.created", response=self.response("in_progress")),
-            self.event("response.in_progress", response=self.response("in_progress")),
+            self.event(ResponseEvent, "response.created", response=self.response("in_progress")),
+            self.event(ResponseEvent, "response.in_progress", response=self.response("in_progress")),
         ]
 
     def text(self, channel: Channel, text: str, faithfulness: dict[str, Any] | None) -> list[bytes]:
         kind = "reasoning" if channel is Channel.REASONING else "message"
         frames = self.start()
-        if self._open is not None and self._open["type"] != kind:
+        if self._open is not None and self._open.kind != kind:
             frames += self.close()
         if self._open is None:
             frames += self._open_item(kind)
         item = self._open
         assert item is not None
-        item["_text"] += text
-        extra = {"faithfulness": faithfulness} if faithfulness else {}
-        where = {"item_id": item["id"], "output_index": len(self.output), "content_index": 0}
-        if kind == "reasoning":
-            return [*frames, self.event("response.reasoning_text.delta", **where, delta=text, **extra)]
-        return [*frames, self.event("response.output_text.delta", **where, delta=text, logprobs=[], **extra)]
+        item.text.append(text)
+        if faithfulness is not None:
+            return [*frames, event_frame(item.delta_kind, item.delta(self._next(), text, faithfulness=faithfulness))]
+        head, middle, tail = item.template or self._template(item)
+        number = str(self._next()).encode()
+        return [*frames, head + number + middle + json.dumps(text, ensure_ascii=False).encode() + tail]
+
+    @staticmethod
+    def _template(item: _Writing) -> tuple[bytes, bytes, bytes]:
+        proto = event_frame(item.delta_kind, item.delta(_SEQUENCE_MARKER, TEXT_MARKER))
+        head, _, rest = proto.partition(str(_SEQUENCE_MARKER).encode())
+        middle, _, tail = rest.rpartition(TEXT_MARKER_JSON)  # the delta is the event's last string
+        item.template = head, middle, tail
+        return item.template
 
     def _open_item(self, kind: str) -> list[bytes]:
         index = len(self.output)
         if kind == "reasoning":
-            self._open = {"type": "reasoning", "id": f"rs_{self.id}_{index}", "_text": ""}
-            item = {"type": "reasoning", "id": self._open["id"], "summary": [], "content": [], "status": "in_progress"}
-            return [self.event("response.output_item.added", output_index=index, item=item)]
-        self._open = {"type": "message", "id": f"msg_{self.id}_{index}", "_text": ""}
-        item = {"type": "message", "id": self._open["id"], "role": "assistant", "status": "in_progress", "content": []}
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        where = {"item_id": self._open["id"], "output_index": index, "content_index": 0}
+            self._open = _Writing(kind, f"rs_{self.id}_{index}", index)
+            item: OutputItem = ReasoningItem(id=self._open.id, content=[], status="in_progress")
+            return [self.event(OutputItemEvent, "response.output_item.added", output_index=index, item=item)]
+        self._open = _Writing(kind, f"msg_{self.id}_{index}", index)
+        item = MessageItem(id=self._open.id, status="in_progress", content=[])
+        part = OutputText(text="")
         return [
-            self.event("response.output_item.added", output_index=index, item=item),
-            self.event("response.content_part.added", **where, part=part),
+            self.event(OutputItemEvent, "response.output_item.added", output_index=index, item=item),
+            self.event(ContentPartEvent, "response.content_part.added", item_id=item.id, output_index=index, part=part),
         ]
 
     def close(self) -> list[bytes]:
@@ -319,36 +455,34 @@ class ResponsesEvents:
         item, self._open = self._open, None
         if item is None:
             return []
-        index, text = len(self.output), item["_text"]
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        final = self.item(item["type"], item["id"], text)
+        text = "".join(item.text)
+        final = self.item(item.kind, item.id, text)
         self.output.append(final)
-        if item["type"] == "reasoning":
+        where = {"item_id": item.id, "output_index": item.index}
+        done = "response.output_item.done"
+        if isinstance(final, ReasoningItem):
             return [
-                self.event("response.reasoning_text.done", **where, text=text),
-                self.event("response.output_item.done", output_index=index, item=final),
+                self.event(TextDoneEvent, "response.reasoning_text.done", **where, text=text),
+                self.event(OutputItemEvent, done, output_index=item.index, item=final),
             ]
-        part = final["content"][0]
         return [
-            self.event("response.output_text.done", **where, text=text, logprobs=[]),
-            self.event("response.content_part.done", **where, part=part),
-            self.event("response.output_item.done", output_index=index, item=final),
+            self.event(TextDoneEvent, "response.output_text.done", **where, text=text, logprobs=[]),
+            self.event(ContentPartEvent, "response.content_part.done", **where, part=final.content[0]),
+            self.event(OutputItemEvent, done, output_index=item.index, item=final),
         ]
 
     @staticmethod
-    def item(kind: str, item_id: str, text: str) -> dict[str, Any]:
+    def item(kind: str, item_id: str, text: str) -> OutputItem:
         if kind == "reasoning":
-            content = [{"type": "reasoning_text", "text": text}]
-            return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": "completed"}
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        return {"type": "message", "id": item_id, "role": "assistant", "status": "completed", "content": [part]}
+            return ReasoningItem(id=item_id, content=[ReasoningText(text=text)], status="completed")
+        return MessageItem(id=item_id, status="completed", content=[OutputText(text=text)])
 
-    def final(self, finish_reason: str | None, usage: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    def final(self, finish_reason: str | None, ending: Ending) -> ResponseObject:
         """The finished response object: `incomplete` when the token budget ended it."""
+        done = {"usage": ResponseUsage.of(ending.usage), "faithfulness": ending.summary, **ending.judge_usage}
         if finish_reason == "length":
-            extra = {"incomplete_details": {"reason": "max_output_tokens"}}
-            return self.response("incomplete", usage=_usage(usage), faithfulness=summary, **extra)
-        return self.response("completed", usage=_usage(usage), faithfulness=summary)
+            return self.response("incomplete", incomplete_details=IncompleteDetails(reason="max_output_tokens"), **done)
+        return self.response("completed", **done)
 
 
 class ResponsesRenderer(Renderer):
@@ -366,30 +500,28 @@ class ResponsesRenderer(Renderer):
         return self.events.text(item.channel, item.text, None if step is None else {"step": step})
 
     def verdicts(self, verdicts: list[dict[str, Any]]) -> list[bytes]:
-        verdict_event = self.events.event("response.faithfulness.verdicts", faithfulness={"verdicts": verdicts})
-        return [*self.events.start(), verdict_event]
+        kind = "response.faithfulness.verdicts"
+        return [*self.events.start(), self.events.event(VerdictsEvent, kind, faithfulness={"verdicts": verdicts})]
 
     def end(self, finish_reason: str | None, ending: Ending) -> list[bytes]:
         events = self.events
         frames = [*events.start(), *events.close()]
-        final = events.final(finish_reason, ending.usage, ending.summary)
-        final.update(ending.judge_usage)  # the judge's bill beside `usage` (server/chain/judge_bill.py)
-        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        return [*frames, events.event(kind, response=final)]
+        final = events.final(finish_reason, ending)
+        kind = "response.incomplete" if final.status == "incomplete" else "response.completed"
+        return [*frames, events.event(ResponseEvent, kind, response=final)]
 
     def error(self, exc: FaithproxyError) -> bytes:
         return error_frame(exc)
 
-    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
+    def body(self, answer: Answer, ending: Ending) -> ResponseObject:
         events = ResponsesEvents(self.id, self.reply.model, self.reply.request)
         events.created = int(self.reply.started_wall)
         reasoning = answer.text.get("reasoning") or answer.text.get("reasoning_content")
         if reasoning:
             events.output.append(events.item("reasoning", f"rs_{events.id}_0", reasoning))
-        events.output.append(
-            events.item("message", f"msg_{events.id}_{len(events.output)}", answer.text.get("content", ""))
-        )
-        return {**events.final(answer.finish_reason, ending.usage, ending.summary), **ending.judge_usage}
+        message_id = f"msg_{events.id}_{len(events.output)}"
+        events.output.append(events.item("message", message_id, answer.text.get("content", "")))
+        return events.final(answer.finish_reason, ending)
 
 
 DOOR = Door(
@@ -402,6 +534,8 @@ DOOR = Door(
     shadow_reader=responses_events,
     stream_end=(b"event: response.completed", b"event: response.incomplete", b"event: response.failed"),
     request_model=ResponsesRequest,
-    openapi_responses=openai_responses("A Responses API response (JSON), or its SSE events when stream=true."),
+    openapi_responses=openai_responses(
+        "A Responses API response (JSON), or its SSE events when stream=true.", ResponseObject
+    ),
     name="responses",
 )

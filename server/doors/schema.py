@@ -2,19 +2,19 @@
 open base model) and `install_openapi`, which adds each door's request model (`Door.request_model`, in
 its module) as a component.
 
-A door reads the raw body (unknown fields are forwarded to vLLM byte for byte in off mode, and as
-parsed JSON otherwise), so these models are documentation and the fuzzer's grammar, not a parser: they
-list what the proxy itself reads, and `extra="allow"` says that everything else passes through.
+Each door's request model is its parser too (server/doors/bodies.py `body_parser`), its OpenAPI and the
+fuzzer's grammar: it lists what the proxy itself reads, and `extra="allow"` lets everything else through
+(forwarded to vLLM byte for byte in off mode, and as parsed JSON otherwise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from faithproxy.detectors.registry import DETECTORS
 from faithproxy.faithcore.reasoning_formats import FORMATS
@@ -28,6 +28,7 @@ from faithproxy.server.admission.policy import (
     HEADER_REASONING_FORMAT,
 )
 from faithproxy.server.protocol.doors import Door, DoorTable
+from faithproxy.server.protocol.errors import ErrorResponse
 from faithproxy.server.settings import Settings
 
 
@@ -38,24 +39,36 @@ def _no_explicit_additional_properties(schema: dict[str, Any]) -> None:
 
 
 class OpenModel(BaseModel):
-    """A wire model that documents what the proxy reads and lets everything else through (STYLE.md, 8)."""
+    """A wire model that reads what the proxy reads and lets everything else through (STYLE.md, 8).
+    Strict, as JSON is typed: a string is no boolean and a float no integer."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=_no_explicit_additional_properties)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_no_explicit_additional_properties)
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def Absent() -> Any:  # noqa: N802 - used as a field's default, like pydantic's Field
+    """A response field left out of the JSON while it is None (OpenAI's chunks carry `usage` only on the
+    usage chunk), where a field declared plainly is written as null (`finish_reason`, `logprobs`)."""
+    return Field(default=None, exclude_if=_is_none)
+
+
+# A token limit: a positive integer, which JSON Schema and vLLM also write 256.0; admission's check_body
+# (server/admission/limits.py) makes it an int and holds it under this server's cap.
+TokenLimit = Annotated[int, Field(ge=1, strict=False)]
+
+
+class DoorRequest(OpenModel):
+    """What every door's body holds: the model, and whether to stream (null means false, as for OpenAI)."""
+
+    model: str = Field(min_length=1)
+    stream: bool | None = False
 
 
 class StreamOptions(OpenModel):
     include_usage: bool | None = None
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
 
 
 def _header(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -90,10 +103,11 @@ def chat_parameters(settings: Settings, served: Collection[str] | None = None) -
     return parameters
 
 
-def openai_responses(ok: str) -> dict[int | str, dict[str, Any]]:
-    """The responses of an OpenAI door: `ok` says what its 200 is; its errors are OpenAI's."""
+def openai_responses(ok: str, model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The responses of an OpenAI door: its 200 is `model` (`ok` says so, and what it streams); its errors
+    are OpenAI's."""
     return {
-        200: {"description": ok},
+        200: {"model": model, "description": ok},
         400: {"model": ErrorResponse, "description": "Invalid body, header or image."},
         401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
         403: {"model": ErrorResponse, "description": "A header outside the API key's policy (FAITHPROXY_POLICY_FILE)."},

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError
@@ -234,7 +234,7 @@ class DoorServing:
             self._finish()
         headers = {**self.headers, **bill_header(judge_bill(self.session.view.judge_state))}
         body = renderer.body(Answer(self.answer, extras, finish_reason), self._ending())
-        return JSONResponse(body, headers=headers)
+        return Response(body.__pydantic_serializer__.to_json(body), media_type="application/json", headers=headers)
 
     # ---- accounting ---------------------------------------------------------------------------
 

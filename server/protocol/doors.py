@@ -41,7 +41,8 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class Door:
-    """One door. `parse` turns the raw body into a dict or raises a PolicyError (400); `translate`, when
+    """One door. `parse` turns the raw body into a dict or raises a PolicyError (400): the product's doors
+    make it of their `request_model` (server/doors/bodies.py `body_parser`); `translate`, when
     set, turns the admitted body into the chat body a verified mode drives vLLM with, or refuses (a
     PolicyError) what a verified chain cannot serve (admission applies it in a verified mode, after the
     limits and the media-URL policy, so they see the client's body; the shadow check applies it to what
@@ -59,7 +60,7 @@ class Door:
     round_wire: RoundWire | None = None  # None: its rounds are chat's (server/chain/session.py CHAT_WIRE)
     shadow_reader: ShadowReader | None = None  # None: a sampled off request of it is counted unreadable
     stream_end: tuple[bytes, ...] = ()  # the frames that end a complete stream; () for `data: [DONE]`
-    request_model: type[BaseModel] | None = None  # its body in OpenAPI (documentation, not a parser)
+    request_model: type[BaseModel] | None = None  # its body: what `parse` validates with, and its OpenAPI
     openapi_responses: dict[int | str, dict[str, Any]] = field(default_factory=dict, compare=False)
     name: str = "door"  # the OpenAPI operation's id
 

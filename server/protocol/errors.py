@@ -10,14 +10,15 @@ errors from that `type`).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from faithproxy.faithcore.errors import FaithproxyError, UpstreamStatusError
+from faithproxy.faithcore.errors import FaithproxyError, PolicyError, UpstreamStatusError
 from faithproxy.server.protocol.doors import Api, Door, DoorTable
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
@@ -33,16 +34,78 @@ _ANTHROPIC_TYPES = {
 }
 
 
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body."""
+
+    error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Anthropic's error body; its `error` alone is the `error` event that ends a broken stream."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+def anthropic_error_model(status: int, message: str) -> AnthropicErrorResponse:
     kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    return AnthropicErrorResponse(error=AnthropicErrorDetail(type=kind, message=message))
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    return anthropic_error_model(status, message).model_dump()
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as a client reads it: messages[0].content."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def invalid_body(exc: ValidationError, model: type[BaseModel]) -> PolicyError:
+    """A door's request model refusing a body, as the 400 every door answers in its own format: `param`
+    the top-level field, the message where and why. Several errors under one location are the shapes of
+    a union none of which fits: their reasons are joined, then the field's description, which says what fits."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    for error in errors:  # "a valid dictionary or instance of ChatMessage": the class is no client's business
+        error["msg"] = error["msg"].split(" or instance of ")[0]
+    loc = errors[0]["loc"]
+    field = str(loc[0]) if loc else None
+    if errors[0]["type"] == "missing":
+        return PolicyError(f"'{_where(loc)}' is required", param=field)
+    shapes = [e for e in errors if e["loc"][:1] == loc[:1]]
+    if len(shapes) == 1:
+        return PolicyError(f"Invalid '{_where(loc)}': {errors[0]['msg']}", param=field)
+    common = loc
+    for other in shapes[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(common, other["loc"], strict=False)) if a != b), len(common))
+        common = common[: min(n, len(other["loc"]))]
+    reasons = "; ".join(dict.fromkeys(e["msg"] for e in shapes))
+    info = model.model_fields.get(field or "") if len(common) == 1 else None
+    expected = f". {info.description}" if info is not None and info.description else ""
+    return PolicyError(f"Invalid '{_where(common)}': {reasons}{expected}", param=field)
 
 
 def error_body(exc: FaithproxyError) -> dict[str, Any]:
     if isinstance(exc, UpstreamStatusError) and isinstance(exc.body, dict) and "error" in exc.body:
         # vLLM's own OpenAI-format error is already what the client expects: pass it on.
         return exc.body
-    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": exc.code}}
+    detail = ErrorDetail(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code)
+    return ErrorResponse(error=detail).model_dump()
 
 
 def door_error_body(door: Door | None, exc: FaithproxyError) -> dict[str, Any]:
@@ -94,10 +157,10 @@ async def faithproxy_error_handler(request: Request, exc: Exception) -> JSONResp
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    loc = _where(tuple(p for p in first.get("loc", ()) if p != "body"))
     message = f"Invalid request body: {first.get('msg', 'validation error')}" + (f" at '{loc}'" if loc else "")
     door = door_at(request.scope)
     if door is not None and door.api is Api.ANTHROPIC:
         return JSONResponse(anthropic_error(400, message), status_code=400)
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": loc or None, "code": None}}
-    return JSONResponse(body, status_code=400)
+    body = ErrorResponse(error=ErrorDetail(message=message, type="invalid_request_error", param=loc or None))
+    return JSONResponse(body.model_dump(), status_code=400)

@@ -3,8 +3,10 @@
 The serving object (server/doors/serving.py `DoorServing`, one for every door) runs the chain session,
 keeps the accounting and serves off mode; the door's renderer (`Door.renderer`, one per API) only writes:
 each emit as the frames of a stream (`text`, `verdicts`, `extra`, `end`, `usage`, `error`, then `done`),
-or everything at once as the non-streamed body (`body`). One renderer serves one response, so a renderer
-that must remember what it opened (a Responses output item, a Messages content block) keeps it itself.
+or everything at once as the non-streamed body (`body`: a model of the door's response, which the
+serving object serializes); frames and bodies are built from the door's response models. One renderer
+serves one response, so a renderer that must remember what it opened (a Responses output item, a
+Messages content block) keeps it itself.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from faithproxy.server.protocol.sse import DONE
 
@@ -54,7 +58,7 @@ class Renderer(abc.ABC):
     """One response of a door's API. `text`, `verdicts`, `extra` and `end` give the frames of one emit
     (`step`: the annotation of the step a text completes, when the client asked for annotations); `usage`
     the frames a client asking for `stream_options.include_usage` gets after the end; `error` the frame
-        that ends a stream failed after its first byte; `done` what follows the last frame; `body` the whole
+    that ends a stream failed after its first byte; `done` what follows the last frame; `body` the whole
     response of a request that did not ask for a stream."""
 
     done: bytes = DONE  # `data: [DONE]` on OpenAI's chat and completions APIs; b"" where the last event says so
@@ -85,4 +89,4 @@ class Renderer(abc.ABC):
     def error(self, exc: FaithproxyError) -> bytes: ...
 
     @abc.abstractmethod
-    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]: ...
+    def body(self, answer: Answer, ending: Ending) -> BaseModel: ...

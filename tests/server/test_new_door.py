@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from faithproxy.clients.vllm import CHAT_PATH
-from faithproxy.faithcore.errors import PolicyError
 from faithproxy.server.app import create_app
-from faithproxy.server.doors.bodies import json_object, model_and_stream
+from faithproxy.server.doors.bodies import body_parser
 from faithproxy.server.doors.chat import ChatRenderer, chat_events, parse_chat_body
+from faithproxy.server.doors.schema import DoorRequest
 from faithproxy.server.doors.table import DOORS
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.protocol.render import Answer, Ending, Renderer
@@ -51,20 +51,23 @@ NEW_DOOR = Door(
 ASK_PATH = "/v2/ask"
 
 
-class AskRequest(BaseModel):
-    """A question; fields not listed pass through to the translation."""
+class AskRequest(DoorRequest):
+    """A question; fields not listed pass through to the translation. Its parser, its OpenAPI."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
     question: str = Field(min_length=1)
-    stream: bool = False
 
 
-def parse_ask(raw: bytes) -> dict[str, Any]:
-    body = json_object(raw)
-    if not isinstance(body.get("question"), str) or not body["question"]:
-        raise PolicyError("'question' must be a non-empty string", param="question")
-    return model_and_stream(body)
+parse_ask = body_parser(AskRequest)
+
+
+class AskAnswer(BaseModel):
+    """The whole answer to a question that did not ask for a stream."""
+
+    question: str
+    answer: str
+    finish_reason: str | None
+    usage: dict[str, Any]
+    faithfulness: dict[str, Any]
 
 
 def ask_to_chat(body: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -95,14 +98,14 @@ class AskRenderer(Renderer):
     def error(self, exc: FaithproxyError) -> bytes:
         return line({"type": "error", "message": exc.message})
 
-    def body(self, answer: Answer, ending: Ending) -> dict[str, Any]:
-        return {
-            "question": self.reply.request["question"],  # the client's body, not the chat body it became
-            "answer": answer.text.get("content", ""),
-            "finish_reason": answer.finish_reason,
-            "usage": ending.usage,
-            "faithfulness": ending.summary,
-        }
+    def body(self, answer: Answer, ending: Ending) -> AskAnswer:
+        return AskAnswer(
+            question=self.reply.request["question"],  # the client's body, not the chat body it became
+            answer=answer.text.get("content", ""),
+            finish_reason=answer.finish_reason,
+            usage=ending.usage,
+            faithfulness=ending.summary,
+        )
 
 
 ASK = Door(
