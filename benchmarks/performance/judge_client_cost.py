@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         processes.stop_all([judge])
     lean, sdk = clients["openai-lean"]["cpu_us_per_call"], clients["openai-sdk"]["cpu_us_per_call"]
     return {
-        "command": "python -m faithproxy.benchmarks.performance.judge_client_cost " + " ".join(argv),
+        "command": "python -m faithproxy.benchmarks.performance.judge_client_cost " + shlex.join(argv),
         "commit": git_commit(),
         "date": now(),
         "calls_per_client": args.calls,
