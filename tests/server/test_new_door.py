@@ -5,8 +5,9 @@ door table (server/protocol/doors.py) is the one declaration every room reads.
 
 The first speaks chat's body but Anthropic's error format, so each refusal shows that the format comes
 from the declaration, not from the path. The second is a new API family with a wire format of its own
-(`/v2/ask`: a question in, JSON lines out): its parser, its translation to chat, its
-renderer and its OpenAPI model are all written here, and the server serves it as it serves its own.
+(`/v2/ask`: a question in, JSON lines out): its request model (its parser and its OpenAPI), its
+translation to chat, its renderer and its answer's model are all written here, and the server serves it
+as it serves its own.
 """
 
 from __future__ import annotations
