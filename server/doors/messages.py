@@ -18,9 +18,9 @@ Tools and non-text, non-image blocks are a 400 in `detect` and `correct`.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SkipValidation
 
 from faithproxy.faithcore.errors import PolicyError
 from faithproxy.faithcore.types import Channel
@@ -58,11 +58,14 @@ class AnthropicImage(OpenModel):
     source: AnthropicImageSource
 
 
+# Other blocks (thinking sent back, tool use, documents) pass: off mode forwards them, and the translation
+# reads thinking and refuses the rest. So blocks are documented and not validated (as chat's parts).
+AnthropicBlock = Annotated[AnthropicText | AnthropicImage | dict[str, Any], SkipValidation]
+
+
 class AnthropicMessage(OpenModel):
     role: Literal["user", "assistant"]
-    # Other blocks (thinking sent back, tool use, documents) pass: off mode forwards them, and the
-    # translation reads thinking and refuses the rest.
-    content: str | list[AnthropicText | AnthropicImage | dict[str, Any]] = Field(union_mode="left_to_right")
+    content: str | list[AnthropicBlock] = Field(union_mode="left_to_right")
 
 
 class MessagesRequest(DoorRequest):
@@ -83,8 +86,8 @@ _UNSUPPORTED = ("tools", "tool_choice", "mcp_servers", "container")
 _PASSED_ON = ("temperature", "top_p", "top_k", "seed")
 
 
-def _block(block: dict[str, Any], where: str) -> dict[str, Any]:
-    kind = block.get("type")
+def _block(block: Any, where: str) -> dict[str, Any]:
+    kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
         return {"type": "text", "text": block["text"]}
     source = block.get("source") if kind == "image" else None
@@ -100,20 +103,21 @@ def _block(block: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _message(message: dict[str, Any], index: int) -> dict[str, Any]:
-    """One message as a chat message; its role and content's shape are `AnthropicMessage`'s."""
+    """One message as a chat message (its role and that its content is a string or a list are
+    `AnthropicMessage`'s; the blocks are read here)."""
     role, content = message["role"], message["content"]
     if isinstance(content, str):
         return {"role": role, "content": content}
     # An earlier turn's thinking, sent back by the client, is the assistant message's `reasoning` (as vLLM's
     # own /v1/messages maps it; the chat template decides whether past thinking is rendered). A
     # redacted_thinking block holds nothing a template could render: left out.
-    thinking = [b for b in content if b.get("type") in ("thinking", "redacted_thinking")]
+    thinking = [b for b in content if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]
     if thinking and role != "assistant":
         raise PolicyError(f"messages[{index}]: thinking blocks belong to assistant messages", param="messages")
     blocks = [
         _block(b, f"messages[{index}].content[{i}]")
         for i, b in enumerate(content)
-        if b.get("type") not in ("thinking", "redacted_thinking")
+        if not (isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking"))
     ]
     out: dict[str, Any] = {"role": role, "content": blocks}
     reasoning = "".join(b["thinking"] for b in thinking if isinstance(b.get("thinking"), str))

@@ -122,3 +122,14 @@ async def test_what_a_door_renders_validates_against_its_response_models(proxy: 
             continue
         event = EVENTS[path][json.loads(data)["type"]].model_validate_json(data)
         assert event.type == name  # type: ignore[attr-defined]
+
+
+async def test_blocks_the_model_documents_but_leaves_to_the_translation_are_refused_there(proxy: Any) -> None:
+    """Anthropic blocks are documented, not validated (any block passes to vLLM in off mode): a block that
+    is no object is the translation's 400 in a verified mode, in Anthropic's format, never a 500."""
+    url, _ = proxy
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [5, {"type": "text", "text": 7}]}]}
+    async with httpx.AsyncClient(timeout=10) as http:
+        answer = await http.post(f"{url}/v1/messages", json=body, headers={"x-faithproxy-mode": "correct"})
+    assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error", answer.text
+    assert "messages[0].content[0]" in answer.json()["error"]["message"]
