@@ -212,8 +212,8 @@ def responses_events(data: bytes, stream: bool) -> RoundEvents | None:
 class OutputText(OpenModel):
     type: Literal["output_text"] = "output_text"
     text: str
-    annotations: list[Any] = []
-    logprobs: list[Any] = []
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
 
 
 class ReasoningText(OpenModel):
@@ -224,7 +224,7 @@ class ReasoningText(OpenModel):
 class ReasoningItem(OpenModel):
     type: Literal["reasoning"] = "reasoning"
     id: str
-    summary: list[Any] = []
+    summary: list[Any] = Field(default_factory=list)
     content: list[ReasoningText]
     status: str
 
@@ -250,9 +250,9 @@ class OutputTokensDetails(OpenModel):
 
 class ResponseUsage(OpenModel):
     input_tokens: int
-    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
     output_tokens: int
-    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
     total_tokens: int
 
     @classmethod
@@ -278,12 +278,12 @@ class ResponseObject(OpenModel):
     output: list[OutputItem]
     instructions: str | None = None
     max_output_tokens: int | None = None
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = Field(default_factory=dict)
     parallel_tool_calls: bool = False
     temperature: float | None = None
     top_p: float | None = None
     tool_choice: str = "none"
-    tools: list[Any] = []
+    tools: list[Any] = Field(default_factory=list)
     error: None = None
     incomplete_details: IncompleteDetails | None = None
     usage: ResponseUsage | None = Absent()
@@ -407,9 +407,10 @@ class ResponsesEvents:
         if self._started:
             return []
         self._started = True
+        response = self.response("in_progress")  # one object, written twice
         return [
-            self.event(ResponseEvent, "response.created", response=self.response("in_progress")),
-            self.event(ResponseEvent, "response.in_progress", response=self.response("in_progress")),
+            self.event(ResponseEvent, "response.created", response=response),
+            self.event(ResponseEvent, "response.in_progress", response=response),
         ]
 
     def text(self, channel: Channel, text: str, faithfulness: dict[str, Any] | None) -> list[bytes]:
