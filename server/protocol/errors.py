@@ -53,7 +53,8 @@ class AnthropicErrorDetail(BaseModel):
 
 
 class AnthropicErrorResponse(BaseModel):
-    """Anthropic's error body; its `error` alone is the `error` event that ends a broken stream."""
+    """Anthropic's error body, also the data of the `error` event that ends a stream broken after its
+    first byte."""
 
     type: Literal["error"] = "error"
     error: AnthropicErrorDetail
