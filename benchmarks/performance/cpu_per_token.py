@@ -401,7 +401,9 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def _judges(judge_url: str, backend: str) -> str:
-    return json.dumps([{"name": "bench", "backend": backend, "model": "bench", "base_url": judge_url, "api_key": "x"}])
+    # An OpenAI-compatible base URL names the API's root (/v1, as vLLM's); Anthropic's SDK adds /v1 itself.
+    base_url = f"{judge_url}/v1" if backend == "openai" else judge_url
+    return json.dumps([{"name": "bench", "backend": backend, "model": "bench", "base_url": base_url, "api_key": "x"}])
 
 
 def start_pixel_judge(workdir: Path) -> tuple[processes.Child, str]:
@@ -558,6 +560,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     result = run(args)
     print(render(result))
+    unjudged = [
+        f"{proxy} {name}"
+        for proxy, rows in result["proxies"].items()
+        for name, row in rows.items()
+        if "judge_calls" in row and not row["judge_calls"]
+    ]
+    if unjudged:  # every call failed (a wrong URL, a dead judge): the judge rows measured nothing
+        print(f"no judge call reached the judge in: {', '.join(unjudged)}; nothing written", file=sys.stderr)
+        return 1
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -1,6 +1,6 @@
 """The judge's confidence in a flag, read from token log-probabilities: from replies of the learned
 ShapesWorld judge recorded on real vLLM (tests/detectors/vllm_logprobs/, stream and non-stream), through
-the OpenAI-compatible backend (the real openai SDK over httpx.MockTransport, serving a recorded body),
+the OpenAI-compatible backend (its own client, against a local server answering with a recorded body),
 into the detector's verdict and the client's annotation."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
+from fastapi import FastAPI, Request
 
 from faithproxy.clients.judge_base import UserTurn, turn_text
 from faithproxy.clients.judges import JudgeBackend, JudgeConfig, JudgeResult, OpenAICompatibleJudge
@@ -26,6 +26,7 @@ from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.images import ImageRef
 from faithproxy.faithcore.types import Faithfulness, Step, StepKind, Verdict
 from faithproxy.server.observe.summary import step_annotation, trace_steps
+from faithproxy.testing import threaded_app
 
 RECORDED = Path(__file__).parent / "vllm_logprobs"
 
@@ -76,24 +77,40 @@ def test_a_verdict_spelled_in_pieces_and_unknown_cases() -> None:
     assert verdict_probability((TokenChoice("[Faithfulness]: ", 0.0), TokenChoice("maybe", 0.0))) is None
 
 
-def mock_judge(body: dict[str, Any], seen: list[dict[str, Any]], **options: Any) -> OpenAICompatibleJudge:
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        return httpx.Response(200, json=body)
+@dataclass
+class RecordedJudge:
+    """A local server answering every chat completion with `body`; `seen` keeps each request's JSON."""
 
-    judge = OpenAICompatibleJudge(JudgeConfig(name="vllm", backend="openai", model="m", api_key="k"))  # type: ignore[arg-type]
-    judge._client = openai.AsyncOpenAI(
-        api_key="k",
-        base_url="http://127.0.0.1:9/v1",
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
-    )
-    return judge
+    url: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def judge(self, **options: Any) -> OpenAICompatibleJudge:
+        config = JudgeConfig(name="vllm", backend="openai", model="m", api_key="k", base_url=f"{self.url}/v1")
+        return OpenAICompatibleJudge(config.model_copy(update=options))
 
 
-async def test_the_openai_backend_asks_for_logprobs_and_the_verdict_carries_the_confidence() -> None:
-    seen: list[dict[str, Any]] = []
-    body = recorded("unfaithful")
-    judge = mock_judge(body, seen)
+@pytest.fixture
+def recorded_judge() -> Iterator[RecordedJudge]:
+    server = RecordedJudge()
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict[str, Any]:
+        server.seen.append(await request.json())
+        return server.body
+
+    with threaded_app(app) as url:
+        server.url = url
+        yield server
+
+
+async def test_the_openai_backend_asks_for_logprobs_and_the_verdict_carries_the_confidence(
+    recorded_judge: RecordedJudge,
+) -> None:
+    seen = recorded_judge.seen
+    body = recorded_judge.body = recorded("unfaithful")
+    judge = recorded_judge.judge()
     detector = JudgeDetector({"vllm": judge}, "vllm")
     texts = ["There are three objects.", "The square is red."]
     accepted = [Step(index=0, text=texts[0], raw=texts[0], kind=StepKind.PERCEPTION)]
@@ -114,24 +131,21 @@ async def test_the_openai_backend_asks_for_logprobs_and_the_verdict_carries_the_
     assert trace_steps([step])[0]["confidence"] == verdict.confidence
 
 
-async def test_without_logprobs_the_confidence_is_unknown_and_visible() -> None:
-    seen: list[dict[str, Any]] = []
-    body = recorded("unfaithful")
+async def test_without_logprobs_the_confidence_is_unknown_and_visible(recorded_judge: RecordedJudge) -> None:
+    seen = recorded_judge.seen
+    body = recorded_judge.body = recorded("unfaithful")
     body["choices"][0]["logprobs"] = None  # a server that gives none (or a judge configured not to ask)
-    judge = mock_judge(body, seen)
+    judge = recorded_judge.judge()
     result = await judge.complete(JUDGE_SYSTEM_PROMPT, "x")
     await judge.aclose()
     assert result.tokens is None
-    unsure_off = OpenAICompatibleJudge(
-        JudgeConfig(name="q", backend="openai", model="m", api_key="k", top_logprobs=None)
-    )  # type: ignore[arg-type]
-    unsure_off._client = mock_judge(body, seen)._client
+    unsure_off = recorded_judge.judge(name="q", top_logprobs=None)
     await unsure_off.complete(JUDGE_SYSTEM_PROMPT, "x")
     await unsure_off.aclose()
     assert "logprobs" not in seen[-1] and "top_logprobs" not in seen[-1]
     texts = ["There are three objects.", "The square is red."]
     step = Step(index=1, text=texts[1], raw=texts[1], kind=StepKind.PERCEPTION)
-    detector = JudgeDetector({"vllm": mock_judge(body, seen)}, "vllm")
+    detector = JudgeDetector({"vllm": recorded_judge.judge()}, "vllm")
     accepted = (Step(index=0, text=texts[0], raw=texts[0], kind=StepKind.PERCEPTION),)
     (verdict,) = (await detector.check(RequestView("r", "m", [], "Q?", (), accepted=accepted), [step])).verdicts
     await detector.aclose()
