@@ -26,8 +26,9 @@ figures are not for comparison.
 
 `--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
 <checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after
-in one run. The pair is compared (`comparison`) only when the 1-minute load stayed under `--max-load`
-at the start and the end; the run first waits for it to fall. `--stream-interval N` starts vLLM sending
+in one run. The pair is compared (`comparison`) only when the 1-minute load was under `--max-load` at
+the start and again `--settle-s` after the run's own processes stopped (nothing else ran beside it);
+the run first waits for it to fall. `--stream-interval N` starts vLLM sending
 N tokens per frame. The judge is the stand-in over the OpenAI protocol unless `--judge-backend
 anthropic`, and the result holds issue 49's goals (`goals`).
 """
@@ -500,6 +501,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - started_at
     finally:
         processes.stop_all(started)
+    load_end_of_run = [round(x, 2) for x in os.getloadavg()]
+    # The run loads both cores itself (vLLM at --concurrency), so the load right after it says nothing of
+    # other work; read once its own processes have stopped and the 1-minute average has had time to fall.
+    time.sleep(args.settle_s)
     rows = report(tallies, idle)
     result = {
         "command": "python -m faithproxy.benchmarks.performance.cpu_per_token " + " ".join(args.argv),
@@ -511,6 +516,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {
             "cpus": os.cpu_count(),
             "loadavg_before": load_before,
+            "loadavg_end_of_run": load_end_of_run,
+            "settle_s": args.settle_s,
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "wall_s": round(wall, 1),
         },
@@ -551,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the protocol the proxies speak to the stand-in judge: an OpenAI-compatible (vLLM) judge, or Claude's",
     )
     parser.add_argument("--max-load", type=float, default=MAX_LOAD, help="compare before/after only under this load")
+    parser.add_argument(
+        "--settle-s", type=float, default=60.0, help="seconds after the run before the closing load is read"
+    )
     parser.add_argument("--wait-quiet-s", type=float, default=300.0, help="wait this long for the load to fall first")
     return parser
 
