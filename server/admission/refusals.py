@@ -7,7 +7,7 @@ the reason is read from its HTTP status, so a new refusal of a known status need
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from starlette.types import Scope
 
@@ -33,9 +33,15 @@ def count(metrics: Metrics, status: int, endpoint: str | None) -> None:
     metrics.refusals.labels(refusal_reason(status), endpoint or NOT_A_DOOR).inc()
 
 
+class CountingState(Protocol):
+    """What counting a refusal reads of the app's state (server/state.py AppState, a room above)."""
+
+    metrics: Metrics
+
+
 def count_refusal(scope: Scope, error: FaithproxyError) -> None:
     """Counts `error`, answered to the request of `scope`, in its app's metrics (none before the lifespan)."""
-    state: Any = getattr(getattr(scope.get("app"), "state", None), "faithproxy", None)
+    state: CountingState | None = getattr(getattr(scope.get("app"), "state", None), "faithproxy", None)
     if state is None:
         return
     door = door_at(scope) if scope.get("type") == "http" else None

@@ -27,7 +27,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -41,6 +41,10 @@ from faithproxy.server.observe.traces import RequestTrace
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.protocol.errors import anthropic_error_model, door_at, door_error_body, error_frame
 from faithproxy.server.protocol.sse import DONE, event_frame
+
+if TYPE_CHECKING:  # annotations only: importing state.py would load what an off request never uses
+    from faithproxy.clients.vllm import UpstreamBody
+    from faithproxy.server.state import AppState
 
 _MODE_HEADER = HEADER_MODE.encode()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
@@ -60,9 +64,8 @@ class Passthrough(Response):
     none of Response's own machinery is used.
     """
 
-    # Response.__init__ is not called: it builds a body this class never has. `state` is the
-    # server.state.AppState, not imported: this module stays light.
-    def __init__(self, state: Any, admitted: Admitted, door: Door) -> None:
+    # Response.__init__ is not called: it builds a body this class never has.
+    def __init__(self, state: AppState, admitted: Admitted, door: Door) -> None:
         self.state = state
         self.admitted = admitted
         self.door = door
@@ -114,7 +117,7 @@ class Passthrough(Response):
     async def _send_error(self, send: Send, exc: FaithproxyError) -> None:
         await _send_error(send, exc, self._headers({"content-type": "application/json"}), self.door)
 
-    async def _whole(self, upstream: Any, send: Send) -> None:
+    async def _whole(self, upstream: UpstreamBody, send: Send) -> None:
         try:
             content = await upstream.read()
         except UpstreamError as exc:
@@ -128,7 +131,7 @@ class Passthrough(Response):
         if self.capture is not None:
             self.capture.add(content)
 
-    async def _stream(self, upstream: Any, receive: Receive, send: Send) -> None:
+    async def _stream(self, upstream: UpstreamBody, receive: Receive, send: Send) -> None:
         # vLLM ends every complete event stream with its door's last event (stream_end, else [DONE]): one that
         # ends without it was cut off, and the client must hear so (the door's error frame) rather than take
         # a clean end for a complete answer.
