@@ -34,11 +34,11 @@ def test_same_seed_and_index_give_identical_png_and_description():
 
 def test_scenes_do_not_depend_on_the_process_hash_seed():
     code = (
-        "import hashlib, json; from shapesworld.scenes import generate_scene;"
+        "import hashlib, json; from faithproxy.benchmarks.shapesworld.scenes import generate_scene;"
         "print(hashlib.sha256(json.dumps([generate_scene(3, i).to_dict() for i in range(30)],"
         " sort_keys=True).encode()).hexdigest())"
     )
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -46,7 +46,7 @@ def test_scenes_do_not_depend_on_the_process_hash_seed():
             text=True,
             check=True,
             cwd=root,
-            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root},
+            env={**os.environ, "PYTHONHASHSEED": seed},
         ).stdout.strip()
         for seed in ("1", "2")
     }
