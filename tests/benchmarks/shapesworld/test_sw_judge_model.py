@@ -33,7 +33,7 @@ from faithproxy.benchmarks.shapesworld.model.train_judge import JUDGE_WEIGHTS_DI
 from faithproxy.detectors.judge_prompt import ASK_DESCRIPTION, parse_judge_prompt_details, parse_judge_reply
 from faithproxy.faithcore.types import StepKind
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from faithproxy.benchmarks.shapesworld.model.corpus import JOINED_TOKENS  # noqa: E402 -- after the import skips
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run_train(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
