@@ -26,7 +26,8 @@ figures are not for comparison.
 
 `--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
 <checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after
-in one run. The pair is compared (`comparison`) only when the 1-minute load was under `--max-load` at
+in one run (`--after-site SITE` runs the other side from an installed copy as well: installed the same
+way, the two sides differ only by their code). The pair is compared (`comparison`) only when the 1-minute load was under `--max-load` at
 the start and again `--settle-s` after the run's own processes stopped (nothing else ran beside it);
 the run first waits for it to fall. `--stream-interval N` starts vLLM sending
 N tokens per frame. The judge is the stand-in over the OpenAI protocol unless `--judge-backend
@@ -483,7 +484,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = httpx.get(f"{url}/v1/models", trust_env=False).json()["data"][0]["id"]
         judge, judge_url = start_pixel_judge(workdir)
         started.append(judge)
-        proxies = [start_proxy("faithproxy", url, judge_url, workdir, None, args.judge_backend)]
+        after_site = Path(args.after_site).resolve() if args.after_site else None
+        proxies = [start_proxy("faithproxy", url, judge_url, workdir, after_site, args.judge_backend)]
         if args.baseline:
             site = Path(args.baseline).resolve()
             proxies.append(start_proxy("faithproxy-before", url, judge_url, workdir, site, args.judge_backend))
@@ -548,6 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs", help="only these, comma-separated: mode/detector[/stream|/non-stream], e.g. off/none/stream"
     )
     parser.add_argument("--baseline", metavar="SITE", help="also measure the faithproxy installed in SITE")
+    parser.add_argument(
+        "--after-site",
+        metavar="SITE",
+        help="run the measured faithproxy from SITE too, installed as the baseline is: the checkout and an"
+        " installed copy of the same code differ by up to 9%% in off mode (an A/A pair)",
+    )
     parser.add_argument("--profile", metavar="DIR", help="py-spy flame graphs of each proxy into DIR")
     parser.add_argument("--workdir", help="logs (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure here")
