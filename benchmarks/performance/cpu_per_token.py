@@ -25,12 +25,12 @@ benchmarks/performance/profile_breakdown.py); sampling costs the proxy some CPU,
 figures are not for comparison.
 
 `--baseline SITE` also runs the faithproxy installed in SITE (`pip install --no-deps --target SITE
-<checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after
-in one run (`--after-site SITE` runs the other side from an installed copy as well: installed the same
-way, the two sides differ only by their code). The pair is compared (`comparison`) only when the 1-minute load was under `--max-load` at
-the start and again `--settle-s` after the run's own processes stopped (nothing else ran beside it);
-the run first waits for it to fall. `--stream-interval N` starts vLLM sending
-N tokens per frame. The judge is the stand-in over the OpenAI protocol unless `--judge-backend
+<checkout>`) as a second proxy in front of the same vLLM and judge, batch for batch: before and after in
+one run (`--after-site SITE` runs the other side from an installed copy as well: installed the same way,
+the two sides differ only by their code). The pair is compared (`comparison`) only when the 1-minute
+load was under `--max-load` at the start and again `--settle-s` after the run's own processes stopped
+(nothing else ran beside it); the run first waits for it to fall. `--stream-interval N` starts vLLM
+sending N tokens per frame. The judge is the stand-in over the OpenAI protocol unless `--judge-backend
 anthropic`, and the result holds issue 49's goals (`goals`).
 """
 
