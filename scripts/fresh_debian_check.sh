@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 BASE=$(bash scripts/docker_base.sh)
 mkdir -p var/fresh-debian
 name="faithproxy-fresh-debian-$$"
-tests=$(printf ' %q' "$@")
+tests=""
+[ $# -gt 0 ] && tests=$(printf ' %q' "$@")  # none: the whole suite (printf would give '' for no arguments)
 echo "base $BASE; container $name; pytest arguments:${tests:- (all)}"
 # the servers' logs (vLLM's, the proxy's) come out before the container goes, whatever the outcome
 trap 'docker cp "$name:/repo/var/demo" var/fresh-debian/ >/dev/null 2>&1 || true; docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
