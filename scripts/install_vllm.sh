@@ -15,6 +15,11 @@ missing=()
 for entry in "${SYSTEM_LIBS[@]}"; do
   ldconfig -p 2>/dev/null | grep -q "${entry%%:*} " || missing+=("${entry#*:}")
 done
+# A C++ compiler: even with --enforce-eager, vLLM's CPU engine compiles some kernels at run time through
+# torch inductor, which calls g++. Without one, the first request that takes that path kills the engine
+# ("InvalidCxxCompiler: No working C++ compiler found", then EngineDeadError): measured on a plain Debian,
+# benchmarks/results/analysis/fresh-debian-full-36dbdbc.json. Build machines and most images have one.
+command -v g++ >/dev/null || missing+=(g++)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing vLLM's system libraries: ${missing[*]}"
