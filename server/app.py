@@ -13,6 +13,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, disable_created_metrics
+from starlette.types import Receive, Scope, Send
 
 from faithproxy.clients.call_gate import CallGate
 from faithproxy.clients.call_gate import install as install_call_gate
@@ -44,6 +45,7 @@ from faithproxy.server.observe.reports import Reports, ReportStore, SharedReport
 from faithproxy.server.observe.traces import TraceWriter
 from faithproxy.server.protocol.doors import DoorTable
 from faithproxy.server.protocol.errors import faithproxy_error_handler, validation_error_handler
+from faithproxy.server.protocol.sse import BODY_SEND
 from faithproxy.server.runtime.heap_trim import HeapTrimmer, fix_mmap_threshold
 from faithproxy.server.runtime.internal_errors import InternalErrorMiddleware
 from faithproxy.server.runtime.workers import worker_exit
@@ -72,7 +74,7 @@ def create_app(
     """
     settings = settings or get_settings()
     watch = _Watchers(settings, registry)
-    app = FastAPI(
+    app = FaithproxyApp(
         title="faithproxy",
         version="0.1.0",
         lifespan=_lifespan(settings, watch, doors, upstream_transport, image_fetcher),
@@ -80,6 +82,17 @@ def create_app(
     _add_routes(app, settings, doors)
     _add_middleware(app, settings, doors, watch)
     return app
+
+
+class FaithproxyApp(FastAPI):
+    """FastAPI, with the server's own `send` on each HTTP request's scope: a stream sends its middle
+    frames there, past the layers that watch only its start and its end (server/protocol/sse.py
+    `body_send`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[BODY_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 class _Watchers:

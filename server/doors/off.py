@@ -40,7 +40,7 @@ from faithproxy.server.observe.finish import finish_request
 from faithproxy.server.observe.traces import RequestTrace
 from faithproxy.server.protocol.doors import Api, Door
 from faithproxy.server.protocol.errors import anthropic_error_model, door_at, door_error_body, error_frame
-from faithproxy.server.protocol.sse import DONE, event_frame
+from faithproxy.server.protocol.sse import DONE, body_send, event_frame
 
 if TYPE_CHECKING:  # annotations only: importing state.py would load what an off request never uses
     from faithproxy.clients.vllm import UpstreamBody
@@ -107,7 +107,7 @@ class Passthrough(Response):
         self.status = upstream.status
         try:
             if self.admitted.stream:
-                await self._stream(upstream, receive, send)
+                await self._stream(upstream, receive, send, body_send(scope, send))
             else:
                 await self._whole(upstream, send)
         finally:
@@ -131,7 +131,9 @@ class Passthrough(Response):
         if self.capture is not None:
             self.capture.add(content)
 
-    async def _stream(self, upstream: UpstreamBody, receive: Receive, send: Send) -> None:
+    async def _stream(self, upstream: UpstreamBody, receive: Receive, send: Send, middle: Send) -> None:
+        """vLLM's bytes as they come: the start and the last message through `send`, every read between
+        through `middle` (the server's own send: server/protocol/sse.py `body_send`)."""
         # vLLM ends every complete event stream with its door's last event (stream_end, else [DONE]): one that
         # ends without it was cut off, and the client must hear so (the door's error frame) rather than take
         # a clean end for a complete answer.
@@ -160,7 +162,7 @@ class Passthrough(Response):
                 if markers is not None and not complete:  # a marker split over two reads is in tail + data[:32]
                     complete = any(m in data or m in tail + data[:32] for m in markers)
                 tail = data if len(data) >= 32 else (tail + data)[-32:]  # the stream's last bytes, uncopied
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await middle({"type": "http.response.body", "body": data, "more_body": True})
                 if capture is not None:
                     capture.add(data)
             if markers is None:

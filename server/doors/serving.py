@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from faithproxy.faithcore.context import RequestView
 from faithproxy.faithcore.errors import DetectorError, FaithproxyError, PolicyError
@@ -37,6 +37,7 @@ from faithproxy.server.observe.summary import step_annotation, summarize
 from faithproxy.server.observe.traces import RequestTrace
 from faithproxy.server.protocol.errors import error_response
 from faithproxy.server.protocol.render import Answer, Ending, Renderer, Reply
+from faithproxy.server.protocol.sse import FramesResponse
 from faithproxy.server.state import AppState
 
 log = logging.getLogger("faithproxy")
@@ -130,7 +131,7 @@ class DoorServing:
         renderer = self.door.renderer(Reply(self.request_id, self.body["model"], self.admitted.started_wall, request))
         if self.stream:
             stream = self._sse(renderer, first, events)
-            return StreamingResponse(stream, media_type=renderer.media_type, headers=self.headers)
+            return FramesResponse(stream, media_type=renderer.media_type, headers=self.headers)
         return await self._collect(renderer, first, events)
 
     async def _with_hints(self, messages: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
