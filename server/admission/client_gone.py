@@ -44,6 +44,8 @@ async def serve_while_connected(app: ASGIApp, scope: Scope, body: bytes, receive
         return {"type": "http.disconnect"}
 
     async def tracked_send(message: Message) -> None:
+        # A stream's middle frames do not pass here (server/protocol/sse.py `body_send`): only its start
+        # and its last message, which are all this watches.
         nonlocal started, complete
         started = True
         if message["type"] == "http.response.body" and not message.get("more_body", False):

@@ -275,7 +275,7 @@ class TracingMiddleware:
         span = self.tracer.start_span(f"{method} {path}", kind=otel.SpanKind.SERVER, attributes=attributes)
         token = otel.context.attach(otel.trace.set_span_in_context(span))
 
-        async def send_and_note(message: Message) -> None:
+        async def send_and_note(message: Message) -> None:  # a stream's start and end only (sse.py `body_send`)
             if message["type"] == "http.response.start":
                 span.set_attribute("http.response.status_code", message["status"])
                 if message["status"] >= 500:

@@ -43,7 +43,7 @@ class InternalErrorMiddleware:
         token = REQUEST_ID.set(ids)
         started = False
 
-        async def watch(message: Message) -> None:
+        async def watch(message: Message) -> None:  # sees a stream's start and end only (sse.py `body_send`)
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
