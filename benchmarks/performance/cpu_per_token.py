@@ -304,6 +304,7 @@ def report(tallies: dict[str, dict[str, Tally]], idle: dict[str, float] | None =
                 "tokens": t.tokens,
                 "requests": t.requests,
                 "tokens_per_request": round(t.tokens / t.requests, 1) if t.requests else None,
+                "cpu_ms_per_request": round(t.cpu_s / t.requests * 1e3, 3) if t.requests else None,
                 "errors": t.errors,
             }
             if idle_rate is not None:
@@ -330,7 +331,9 @@ def report(tallies: dict[str, dict[str, Tally]], idle: dict[str, float] | None =
 
 def goals(proxy_rows: dict[str, Any]) -> dict[str, Any]:
     """The goals block of one proxy's rows: each goal with its figure and verdict."""
-    block: dict[str, Any] = {"rule": "cpu_us_per_token <= goal_us_per_token; detect/judge <= correct/judge"}
+    block: dict[str, Any] = {
+        "rule": "cpu_us_per_token <= goal_us_per_token; detect/judge <= correct/judge, per token and per request"
+    }
     for name, goal in GOALS_US.items():
         figure = (proxy_rows.get(name) or {}).get("cpu_us_per_token")
         if figure is not None:
@@ -339,6 +342,16 @@ def goals(proxy_rows: dict[str, Any]) -> dict[str, Any]:
     correct = (proxy_rows.get("correct/judge stream") or {}).get("cpu_us_per_token")
     if detect is not None and correct is not None:
         block["detect_not_above_correct"] = {"detect": detect, "correct": correct, "met": detect <= correct}
+    # The same questions, per request: correct's completion tokens include the steps it regenerated, which
+    # detect never asks for, so per token correct divides by more tokens than it streams for the same answer.
+    detect_ms = (proxy_rows.get("detect/judge stream") or {}).get("cpu_ms_per_request")
+    correct_ms = (proxy_rows.get("correct/judge stream") or {}).get("cpu_ms_per_request")
+    if detect_ms is not None and correct_ms is not None:
+        block["detect_not_above_correct_per_request"] = {
+            "detect_ms": detect_ms,
+            "correct_ms": correct_ms,
+            "met": detect_ms <= correct_ms,
+        }
     return block
 
 

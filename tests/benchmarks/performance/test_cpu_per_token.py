@@ -37,6 +37,13 @@ def test_per_token_figures_judge_share_and_goals() -> None:
     assert block["off/none stream"] == {"goal_us_per_token": 40.0, "cpu_us_per_token": 35.0, "met": True}
     assert block["detect/judge stream"]["met"] is True  # 130 µs, goal 150
     assert block["detect_not_above_correct"] == {"detect": 130.0, "correct": 250.0, "met": True}
+    # per request: 26 ms against 50 ms for the same ten questions
+    assert block["detect_not_above_correct_per_request"] == {"detect_ms": 26.0, "correct_ms": 50.0, "met": True}
+    # correct's regenerations add tokens detect never streams: per token detect may look dearer when it is not
+    tallies[Config("detect", "judge", True).name] = Tally(cpu_s=0.45, tokens=1500, requests=10, judge_calls=40)
+    block = goals(report({"faithproxy": tallies})["faithproxy"])
+    assert block["detect_not_above_correct"]["met"] is False  # 300 µs against 250 per token
+    assert block["detect_not_above_correct_per_request"]["met"] is True  # 45 ms against 50
 
 
 def test_a_pair_is_compared_only_on_a_quiet_machine() -> None:
