@@ -15,11 +15,15 @@ missing=()
 for entry in "${SYSTEM_LIBS[@]}"; do
   ldconfig -p 2>/dev/null | grep -q "${entry%%:*} " || missing+=("${entry#*:}")
 done
-# A C++ compiler: even with --enforce-eager, vLLM's CPU engine compiles some kernels at run time through
-# torch inductor, which calls g++. Without one, the first request that takes that path kills the engine
-# ("InvalidCxxCompiler: No working C++ compiler found", then EngineDeadError): measured on a plain Debian,
-# benchmarks/results/analysis/fresh-debian-full-36dbdbc.json. Build machines and most images have one.
+# A C++ compiler and the interpreter's headers: even with --enforce-eager, vLLM's CPU engine compiles some
+# kernels at run time through torch inductor (the sampler's logprob ranks, on the first request that asks
+# for logprobs), with g++ and Python.h. Without either, that request kills the engine ("InvalidCxxCompiler:
+# No working C++ compiler found", then "fatal error: Python.h: No such file or directory"; then
+# EngineDeadError for every request): measured on a plain Debian, whose python3 comes without its headers
+# (benchmarks/results/analysis/fresh-debian-full-36dbdbc.json). A pyenv or python.org build has them.
 command -v g++ >/dev/null || missing+=(g++)
+"$PY" -c 'import os, sysconfig; raise SystemExit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || missing+=(python3-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing vLLM's system libraries: ${missing[*]}"
