@@ -35,10 +35,16 @@ def balanced(first: dict[str, float], swapped: dict[str, float]) -> dict[str, fl
     return {name: round(math.sqrt(first[name] / swapped[name]), 3) for name in first if name in swapped}
 
 
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+def _commit() -> str | None:
+    """The short commit checked out, `+dirty` when tracked files differ; None outside a git tree."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
