@@ -37,8 +37,9 @@ def event_frame(kind: str, model: BaseModel) -> bytes:
 # yet each frame paid a coroutine per layer: most of what a streamed token costs beside the socket write
 # in off and detect mode, which send one frame per vLLM frame. So the app puts the server's own `send`
 # on the scope (server/app.py `FaithproxyApp`), and a stream sends its start and its last message through
-# the layers and its middle frames to the server directly. A layer that must see every frame breaks this
-# rule: tests/server/test_body_send.py fails when one does not see a start or an end.
+# the layers and its middle frames to the server directly. A layer that must see or change every frame
+# (a compressing middleware, say) takes BODY_SEND off the scope before calling on: the frames then pass it.
+# tests/server/test_body_send.py holds the rule for the layers there are.
 BODY_SEND = "faithproxy.body_send"
 
 
