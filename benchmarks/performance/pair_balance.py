@@ -22,29 +22,18 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from faithproxy.benchmarks.evaluation.shapesworld_bench import git_commit
+
 
 def balanced(first: dict[str, float], swapped: dict[str, float]) -> dict[str, float]:
     """Per configuration both hold: the geometric mean of the first ratio and the swapped one's inverse."""
     return {name: round(math.sqrt(first[name] / swapped[name]), 3) for name in first if name in swapped}
-
-
-def _commit() -> str | None:
-    """The short commit checked out, `+dirty` when tracked files differ; None outside a git tree."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "what": "after ÷ before, CPU per streamed token, cpu_per_token's slot bias cancelled over both slot orders",
         "command": "python -m faithproxy.benchmarks.performance.pair_balance "
         + " ".join(sys.argv[1:] if argv is None else argv),
-        "commit": _commit(),
+        "commit": git_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {
             "uname": " ".join(platform.uname()[:3]),
