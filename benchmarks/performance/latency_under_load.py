@@ -33,7 +33,6 @@ import os
 import platform
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from faithproxy.benchmarks.evaluation.shapesworld_bench import git_commit
 from faithproxy.benchmarks.performance import overhead_targets as targets
 from faithproxy.benchmarks.performance.overhead import _raise_fd_limit, _rotated, _run_fixed, pct, summarize, warm_up
 from faithproxy.benchmarks.performance.overhead_client import Result, make_client, request_body, stream_once
@@ -207,20 +207,6 @@ def goals(open_figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _git(*argv: str) -> str:
-    return subprocess.run(["git", *argv], cwd=targets.ROOT, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def commit() -> str | None:
-    """The short commit checked out, `+dirty` when tracked files differ from it; None outside git."""
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def _loop_runner() -> Callable[[Coroutine[Any, Any, Any]], Any]:
     try:
         import uvloop
@@ -277,7 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             targets.stop(target)
     return {
         "command": shlex.join([*PROG.split(), *args.argv]),
-        "commit": commit(),
+        "commit": git_commit(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": _machine()
         | {
