@@ -59,7 +59,10 @@ class DoorServing:
         self.error: FaithproxyError | None = None
         self.disconnected = False
         self.session: ChainSession | None = None
-        self.answer: dict[str, str] = {}  # what was sent, by chat field: the trace's answer and reasoning
+        # what was sent, by chat field (the trace's answer and reasoning), in the pieces it was sent in:
+        # joined once at the end, where adding each token to a string would copy the whole text so far
+        # each time (quadratic: 0.18 s of CPU for a 32,000-token chain)
+        self._sent: dict[str, list[str]] = {}
         self.hints: dict[str, Any] | None = None  # what the hint stage did, for the trace
         self._finished = False
 
@@ -198,7 +201,7 @@ class DoorServing:
     def _frames_for(self, renderer: Renderer, item: Emit) -> list[bytes]:
         """One emit as the door's frames."""
         if isinstance(item, EmitText):
-            self.answer[item.field] = self.answer.get(item.field, "") + item.text
+            self._sent.setdefault(item.field, []).append(item.text)
             step = step_annotation(item.step) if self.policy.annotate and item.step else None
             return renderer.text(item, step)
         if isinstance(item, EmitVerdicts):
@@ -221,7 +224,7 @@ class DoorServing:
             while batch is not None:
                 for item in batch:
                     if isinstance(item, EmitText):
-                        self.answer[item.field] = self.answer.get(item.field, "") + item.text
+                        self._sent.setdefault(item.field, []).append(item.text)
                     elif isinstance(item, EmitExtra):
                         extras.update(item.delta)
                     elif isinstance(item, EmitEnd):
@@ -234,8 +237,12 @@ class DoorServing:
             await _aclose(events)
             self._finish()
         headers = {**self.headers, **bill_header(judge_bill(self.session.view.judge_state))}
-        body = renderer.body(Answer(self.answer, extras, finish_reason), self._ending())
+        body = renderer.body(Answer(self.answer(), extras, finish_reason), self._ending())
         return Response(body.__pydantic_serializer__.to_json(body), media_type="application/json", headers=headers)
+
+    def answer(self) -> dict[str, str]:
+        """What was sent so far, by chat field (`content`, `reasoning`, `reasoning_content`)."""
+        return {name: "".join(pieces) for name, pieces in self._sent.items()}
 
     # ---- accounting ---------------------------------------------------------------------------
 
@@ -294,13 +301,14 @@ class DoorServing:
         s = self.session
         if s is None:
             return trace
+        answer = self.answer()
         return dataclasses.replace(
             trace,
             question=s.view.question,
             image_hashes=[i.sha256 for i in s.view.images],
             steps=s.steps,
-            answer=self.answer.get("content", ""),
-            reasoning=self.answer.get("reasoning") or self.answer.get("reasoning_content"),
+            answer=answer.get("content", ""),
+            reasoning=answer.get("reasoning") or answer.get("reasoning_content"),
             summary=self._summary(),
             usage=dict(s.result().usage),
             judge_usage=s.view.judge_state.summary(),
