@@ -134,6 +134,15 @@ async def lookups(http: httpx.AsyncClient, url: str, responses: list[httpx.Respo
     return list(await asyncio.gather(*(one(r) for r in responses)))
 
 
+async def landed(http: httpx.AsyncClient, replicas: Replicas, responses: list[httpx.Response]) -> None:
+    """Waits until the first replica's report writes for `responses` have landed in Redis. A write starts
+    as a request ends and runs on (server/observe/reports_redis.py), so another replica finds the report
+    only once it has landed; the writing replica's own lookup waits for its write, which makes that the
+    event to wait on (a lookup through the second replica at once raced the write and found nothing)."""
+    first = await lookups(http, replicas.first, responses)
+    assert [r.status_code for r in first] == [200] * len(responses), replicas.logs()
+
+
 async def errors(http: httpx.AsyncClient, url: str) -> dict[str, float]:
     text = (await http.get(f"{url}/metrics")).text
     return {op: metric(text, ERRORS, operation=op) for op in ("write", "read")}
@@ -147,6 +156,7 @@ async def test_reports_written_by_one_replica_are_read_through_the_other_and_red
         started = time.monotonic()
         served = await send(http, replicas, REQUESTS)
         print(f"{REQUESTS} verified requests through one replica: {time.monotonic() - started:.1f} s")
+        await landed(http, replicas, served)
         found = await lookups(http, replicas.second, served)
         assert [r.status_code for r in found] == [200] * REQUESTS, replicas.logs()
         for response, report in zip(served, found, strict=True):
@@ -167,6 +177,7 @@ async def test_reports_written_by_one_replica_are_read_through_the_other_and_red
         # 3. Redis back (empty, like a cache node that restarted): the same processes use it again.
         replicas.redis.start()
         after = await send(http, replicas, CONCURRENCY)
+        await landed(http, replicas, after)
         again = await lookups(http, replicas.second, after)
         assert [r.status_code for r in again] == [200] * CONCURRENCY
         assert [r.json()["id"] for r in again] == [r.headers["x-faithproxy-request-id"] for r in after]
