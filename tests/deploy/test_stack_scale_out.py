@@ -79,6 +79,10 @@ def test_a_report_written_through_one_proxy_is_read_through_the_other(stack: Hos
         assert response.status_code == 200, response.text
         request_id = response.headers["x-faithproxy-request-id"]
         summary, errors, _ = summary_of(response.text)
+        # The report's write to Redis starts as the stream ends: the writing proxy's own lookup waits for
+        # it to land, and only then can the other proxy find it (read at once, it raced the write).
+        own = http.get(f"{stack.url('faithproxy')}/v1/faithfulness/{request_id}")
+        assert own.status_code == 200, own.text
         report = http.get(f"{stack.url('faithproxy_b')}/v1/faithfulness/{request_id}")
     assert errors == [] and summary is not None
     assert report.status_code == 200, report.text
